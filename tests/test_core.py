@@ -1,0 +1,319 @@
+"""Tests for lnorm.core: the compact backward against an independent chain rule,
+finite differences, validation, degenerate rows, shapes, dtypes and accuracy."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import lnorm
+from lnorm.core import LayerNormCache, backward, forward
+
+EPS = 1e-5
+
+
+# --- an independent reference, written step by step in float64 ----------------
+
+def chain_rule_forward(x, gamma, beta, eps=EPS):
+    """Forward as a graph of small nodes; returns y and every intermediate."""
+    D = x.shape[-1]
+    mu = x.sum(-1, keepdims=True) / D
+    xc = x - mu
+    var = (xc ** 2).sum(-1, keepdims=True) / D
+    std = np.sqrt(var + eps)
+    rstd = 1.0 / std
+    xhat = xc * rstd
+    y = gamma * xhat + beta
+    return y, dict(D=D, xc=xc, var=var, rstd=rstd, xhat=xhat)
+
+
+def chain_rule_backward(dy, gamma, t, eps=EPS):
+    """Backpropagate through each node in turn: affine -> normalize -> variance -> mean."""
+    D, xc, var, rstd, xhat = t["D"], t["xc"], t["var"], t["rstd"], t["xhat"]
+    lead = tuple(range(dy.ndim - 1))
+    dgamma = (dy * xhat).sum(lead)
+    dbeta = dy.sum(lead)
+    dxhat = dy * gamma
+    # xhat = xc * rstd: two paths, through xc directly and through rstd.
+    dxc = dxhat * rstd
+    drstd = (dxhat * xc).sum(-1, keepdims=True)
+    # rstd = (var + eps) ** -1/2
+    dvar = drstd * (-0.5) * (var + eps) ** -1.5
+    # var = sum(xc**2) / D
+    dxc = dxc + dvar * 2.0 * xc / D
+    # xc = x - mu, mu = sum(x) / D
+    dmu = -dxc.sum(-1, keepdims=True)
+    dx = dxc + dmu / D
+    return dx, dgamma, dbeta
+
+
+def make_inputs(shape, dtype=np.float64, seed=0, loc=0.0, scale=1.0):
+    rng = np.random.default_rng(seed)
+    D = shape[-1]
+    x = rng.normal(loc, scale, size=shape).astype(dtype)
+    gamma = rng.normal(1.0, 0.5, size=D).astype(dtype)
+    beta = rng.normal(0.0, 0.5, size=D).astype(dtype)
+    dy = rng.normal(size=shape).astype(dtype)
+    return x, gamma, beta, dy
+
+
+def max_rel_err(a, ref):
+    """Max-norm relative error ||a - ref||_inf / ||ref||_inf."""
+    a = np.asarray(a, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    return np.max(np.abs(a - ref)) / np.max(np.abs(ref))
+
+
+# --- correctness ----------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(7,), (5, 16), (2, 3, 8), (2, 2, 3, 5), (4, 1024)])
+def test_backward_matches_step_by_step_chain_rule(shape):
+    x, gamma, beta, dy = make_inputs(shape, seed=sum(shape))
+    y, cache = forward(x, gamma, beta, eps=EPS)
+    dx, dgamma, dbeta = backward(dy, cache)
+
+    y_ref, t = chain_rule_forward(x, gamma, beta)
+    dx_ref, dgamma_ref, dbeta_ref = chain_rule_backward(dy, gamma, t)
+    np.testing.assert_allclose(y, y_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dgamma, dgamma_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dbeta, dbeta_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_central_differences_of_all_three_gradients():
+    # L = sum(dy * y): its gradient with respect to each input is what backward returns.
+    x, gamma, beta, dy = make_inputs((2, 3, 4), seed=11)
+    _, cache = forward(x, gamma, beta)
+    grads = dict(zip(("x", "gamma", "beta"), backward(dy, cache)))
+    args = dict(x=x, gamma=gamma, beta=beta)
+
+    def loss(a):
+        return float(np.sum(dy * forward(a["x"], a["gamma"], a["beta"])[0]))
+
+    h = 1e-5
+    for name, arr in args.items():
+        numeric = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            plus, minus = arr.copy(), arr.copy()
+            plus[idx] += h
+            minus[idx] -= h
+            numeric[idx] = (loss({**args, name: plus}) - loss({**args, name: minus})) / (2 * h)
+        err = max_rel_err(grads[name], numeric)
+        assert err < 1e-8, f"d{name}: relative error {err:.2e}"
+
+
+def test_gradient_of_shift_and_scale_directions():
+    # Shifting a row leaves y unchanged, so <dx, 1> = 0 per row; and with eps = 0
+    # scaling too, so <dx, x - mu> -> 0. With eps > 0 the latter is eps/(var+eps) small.
+    x, gamma, beta, dy = make_inputs((6, 32), seed=3)
+    _, cache = forward(x, gamma, beta, eps=1e-12)
+    dx, _, _ = backward(dy, cache)
+    np.testing.assert_allclose(dx.sum(-1), 0.0, atol=1e-12)
+    xc = x - x.mean(-1, keepdims=True)
+    np.testing.assert_allclose((dx * xc).sum(-1), 0.0, atol=1e-9)
+
+
+# --- shapes and dtypes ------------------------------------------------------------
+
+@pytest.mark.parametrize("shape", [(16,), (6, 16), (2, 3, 16), (2, 1, 3, 16)])
+def test_leading_shapes_equal_the_flattened_rows(shape):
+    x, gamma, beta, dy = make_inputs(shape, seed=5)
+    y, cache = forward(x, gamma, beta)
+    dx, dgamma, dbeta = backward(dy, cache)
+    assert y.shape == dx.shape == shape
+    assert dgamma.shape == dbeta.shape == (shape[-1],)
+    assert cache.rstd.shape == shape[:-1]
+
+    y2, cache2 = forward(x.reshape(-1, 16), gamma, beta)
+    dx2, dgamma2, dbeta2 = backward(dy.reshape(-1, 16), cache2)
+    # Same rows, same answer, up to the order a reduction over a different
+    # shape happens to sum in.
+    np.testing.assert_allclose(y.reshape(-1, 16), y2, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(dx.reshape(-1, 16), dx2, rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(dgamma, dgamma2, rtol=1e-14)
+    np.testing.assert_allclose(dbeta, dbeta2, rtol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_results_come_back_in_the_input_dtype(dtype):
+    x, gamma, beta, dy = make_inputs((3, 4, 8), dtype=dtype, seed=2)
+    y, cache = forward(x, gamma, beta)
+    dx, dgamma, dbeta = backward(dy, cache)
+    assert y.dtype == dx.dtype == dgamma.dtype == dbeta.dtype == np.dtype(dtype)
+    assert cache.xhat.dtype == np.dtype(dtype)
+    assert cache.rstd.dtype == np.float64  # statistics accumulate in float64
+
+
+@pytest.mark.parametrize("dtype, tol", [(np.float16, 2e-3), (np.float32, 1e-6)])
+def test_low_precision_matches_float64_on_the_same_values(dtype, tol):
+    x, gamma, beta, dy = make_inputs((4, 256), dtype=dtype, seed=8)
+    y, cache = forward(x, gamma, beta)
+    dx, dgamma, dbeta = backward(dy, cache)
+    up = [a.astype(np.float64) for a in (x, gamma, beta, dy)]
+    y_ref, t = chain_rule_forward(*up[:3])
+    dx_ref, dgamma_ref, dbeta_ref = chain_rule_backward(up[3], up[1], t)
+    assert max_rel_err(y, y_ref) < tol
+    assert max_rel_err(dx, dx_ref) < tol
+    assert max_rel_err(dgamma, dgamma_ref) < tol
+    assert max_rel_err(dbeta, dbeta_ref) < tol
+
+
+def test_float32_stays_accurate_at_large_offset():
+    # Rows with mean 1e4 and std 1: a float32 mean would carry an error of about
+    # u32 * 1e4 ~ 6e-4 into every xhat. lnorm centres in float64.
+    x, gamma, beta, dy = make_inputs((8, 1024), dtype=np.float32, seed=9, loc=1e4, scale=1.0)
+    y, cache = forward(x, gamma, beta)
+    dx, dgamma, dbeta = backward(dy, cache)
+    up = [a.astype(np.float64) for a in (x, gamma, beta, dy)]
+    y_ref, t = chain_rule_forward(*up[:3])
+    dx_ref, dgamma_ref, _ = chain_rule_backward(up[3], up[1], t)
+    assert max_rel_err(dx, dx_ref) < 1e-6
+    assert max_rel_err(y, y_ref) < 1e-6
+    assert max_rel_err(dgamma, dgamma_ref) < 1e-6
+
+    # The same computation with the mean and centring done in float32 is far worse:
+    # the bound above is one that naive code fails.
+    mean32 = x.mean(-1, keepdims=True, dtype=np.float32)
+    xc32 = x - mean32
+    xhat32 = xc32 / np.sqrt((xc32 * xc32).mean(-1, keepdims=True) + np.float32(EPS))
+    assert max_rel_err(xhat32, t["xhat"]) > 1e-5
+
+
+# --- degenerate rows ----------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_d_equals_one_gives_beta_and_zero_gradient(dtype):
+    x = np.array([[3.0], [-1.5], [1e3]], dtype=dtype)
+    gamma = np.array([2.0], dtype=dtype)
+    beta = np.array([0.25], dtype=dtype)
+    y, cache = forward(x, gamma, beta)
+    assert np.array_equal(y, np.full_like(x, 0.25))
+    dx, dgamma, dbeta = backward(np.array([[1.0], [2.0], [-3.0]], dtype=dtype), cache)
+    assert np.array_equal(dx, np.zeros_like(x))
+    assert np.array_equal(dgamma, np.zeros(1, dtype))
+    assert np.array_equal(dbeta, np.array([0.0], dtype))
+
+
+@pytest.mark.parametrize("value", [0.1, -3.7, 1000.5, 0.0, 1.0 / 3.0])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_constant_row_gives_xhat_zero_exactly(value, dtype):
+    D = 7
+    x = np.full((2, D), value, dtype=dtype)
+    gamma = np.linspace(0.5, 2.0, D).astype(dtype)
+    beta = np.linspace(-1.0, 1.0, D).astype(dtype)
+    y, cache = forward(x, gamma, beta)
+    assert np.array_equal(cache.xhat, np.zeros_like(x))
+    assert np.array_equal(y, np.broadcast_to(beta, x.shape))
+    assert np.all(cache.rstd == 1.0 / np.sqrt(EPS))
+    # With xhat = 0 the backward reduces to rstd * (g - mean(g)): finite, and zero-sum.
+    dy = np.ones_like(x)
+    dx, _, _ = backward(dy, cache)
+    g = gamma.astype(np.float64)
+    expected = (g - g.mean()) / np.sqrt(EPS)
+    np.testing.assert_allclose(dx[0].astype(np.float64), expected, rtol=1e-3 if dtype == np.float16 else 1e-6)
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (2, 0, 8), (0, 0, 1)])
+def test_zero_rows(shape):
+    x = np.zeros(shape)
+    D = shape[-1]
+    y, cache = forward(x, np.ones(D), np.zeros(D))
+    dx, dgamma, dbeta = backward(np.zeros(shape), cache)
+    assert y.shape == dx.shape == shape
+    assert cache.rstd.shape == shape[:-1]
+    assert np.array_equal(dgamma, np.zeros(D)) and np.array_equal(dbeta, np.zeros(D))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_values_stay_in_their_row(bad):
+    x, gamma, beta, dy = make_inputs((4, 16), seed=4)
+    x_bad = x.copy()
+    x_bad[1, 5] = bad
+    y, cache = forward(x_bad, gamma, beta)
+    dx, _, _ = backward(dy, cache)
+    assert not np.isfinite(y[1]).all()
+    good = [0, 2, 3]
+    y_ref, cache_ref = forward(x[good], gamma, beta)
+    dx_ref, _, _ = backward(dy[good], cache_ref)
+    assert np.array_equal(y[good], y_ref)
+    assert np.array_equal(dx[good], dx_ref)
+
+
+# --- inputs are never modified; the cache is immutable ---------------------------
+
+def test_inputs_are_not_modified():
+    x, gamma, beta, dy = make_inputs((3, 5, 8), dtype=np.float32, seed=6)
+    originals = [a.copy() for a in (x, gamma, beta, dy)]
+    for a in (x, gamma, beta, dy):
+        a.setflags(write=False)  # any in-place write would now raise
+    _, cache = forward(x, gamma, beta)
+    backward(dy, cache)
+    for a, orig in zip((x, gamma, beta, dy), originals):
+        assert np.array_equal(a, orig)
+
+
+def test_cache_is_frozen_and_does_not_alias_gamma():
+    x, gamma, beta, _ = make_inputs((2, 4), seed=1)
+    _, cache = forward(x, gamma, beta)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cache.rstd = None
+    with pytest.raises(ValueError):
+        cache.xhat[0, 0] = 1.0
+    gamma[0] += 1.0  # the caller's array changes later; the cache must not
+    assert cache.gamma[0] != gamma[0]
+    assert set(f.name for f in dataclasses.fields(LayerNormCache)) == {"xhat", "rstd", "gamma"}
+
+
+# --- bad input -----------------------------------------------------------------------
+
+def test_public_api_is_reexported():
+    assert lnorm.forward is forward and lnorm.backward is backward
+    assert lnorm.LayerNormCache is LayerNormCache
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, words",
+    [
+        (dict(gamma=np.ones(3)), ValueError, ["gamma", "(4,)"]),
+        (dict(beta=np.ones((1, 4))), ValueError, ["beta", "(4,)"]),
+        (dict(x=np.ones((2, 4), dtype=np.int64)), TypeError, ["x", "floating", "astype"]),
+        (dict(x=np.ones((2, 4), dtype=np.complex128)), TypeError, ["x", "floating"]),
+        (dict(gamma=np.ones(4, dtype=np.int32)), TypeError, ["gamma", "floating"]),
+        (dict(x=np.array(1.0)), ValueError, ["x", "0-d"]),
+        (dict(x=np.ones((2, 0))), ValueError, ["D >= 1"]),
+        (dict(eps=0.0), ValueError, ["eps", "> 0"]),
+        (dict(eps=-1e-5), ValueError, ["eps", "> 0"]),
+        (dict(eps=float("nan")), ValueError, ["eps", "finite"]),
+        (dict(eps=float("inf")), ValueError, ["eps", "finite"]),
+        (dict(eps="1e-5"), TypeError, ["eps"]),
+        (dict(eps=True), TypeError, ["eps"]),
+    ],
+)
+def test_forward_rejects_bad_input_with_a_clear_message(kwargs, exc, words):
+    args = dict(x=np.ones((2, 4)), gamma=np.ones(4), beta=np.zeros(4), eps=1e-5)
+    args.update(kwargs)
+    with pytest.raises(exc) as info:
+        forward(**args)
+    for w in words:
+        assert w in str(info.value)
+
+
+def test_backward_rejects_bad_input_with_a_clear_message():
+    _, cache = forward(np.ones((2, 4)), np.ones(4), np.zeros(4))
+    with pytest.raises(ValueError, match=r"dy.*\(2, 4\).*\(4, 2\)"):
+        backward(np.ones((4, 2)), cache)
+    with pytest.raises(TypeError, match="dy.*floating"):
+        backward(np.ones((2, 4), dtype=np.int64), cache)
+    with pytest.raises(TypeError, match="cache.*LayerNormCache"):
+        backward(np.ones((2, 4)), (cache.xhat, cache.rstd))
+    # a cache from another forward whose shape does not match dy
+    _, other = forward(np.ones((3, 4)), np.ones(4), np.zeros(4))
+    with pytest.raises(ValueError, match="dy must have the shape of x"):
+        backward(np.ones((2, 4)), other)
+
+
+def test_array_likes_are_accepted():
+    y, cache = forward([[1.0, 2.0, 4.0]], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
+    dx, _, _ = backward([[1.0, 0.0, 0.0]], cache)
+    assert y.shape == dx.shape == (1, 3)
+    np.testing.assert_allclose(y.sum(), 0.0, atol=1e-12)
