@@ -8,12 +8,20 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 HTML   := _build/html/index.html
+# JupyterLab reads default settings from <venv>/share/jupyter/lab/settings/overrides.d:
+# this one makes a double click open a chapter (MyST markdown) as a notebook, and
+# keeps JupyterLab from asking to fetch news from the web.
+LAB_SETTINGS := $(VENV)/share/jupyter/lab/settings/overrides.d/lnorm-jupytext.json
+# Extra options for `make lab`, e.g. LAB_ARGS=--no-browser on a remote machine.
+LAB_ARGS ?=
+# Jupyter refuses to run as root (containers) unless told to.
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
 .PHONY: help book test lab clean unit site-tests
 
 help:
 	@echo "make book   install into $(VENV) and build the site ($(HTML))"
-	@echo "make test   install, run the tests, build the book, test the built site"
+	@echo "make test   install, run the unit tests, build the book, test the built site"
 	@echo "make lab    open the chapters as notebooks in JupyterLab"
 	@echo "make clean  remove $(VENV), _build and caches"
 
@@ -29,21 +37,34 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $@
 
 # Every chapter is executed (cached in _build/.jupyter_cache); warnings are errors.
+# --all re-reads every page (from the cache: nothing unchanged is executed again),
+# so a rebuild reports every warning again instead of only those of changed pages.
 book: $(STAMP)
 	mkdir -p _build
-	$(VENV)/bin/jupyter-book build . -n -W --keep-going 2>&1 | tee _build/build.log
+	$(VENV)/bin/jupyter-book build . --all -n -W --keep-going 2>&1 | tee _build/build.log
 	@echo "Built: $(CURDIR)/$(HTML)"
 
 unit: $(STAMP)
 	$(PY) -m pytest -m "not built_book" -q
 
+# The built site: pages in headless Chromium (tests/test_site.py), links, numbering.
 site-tests: $(STAMP)
 	$(PY) -m pytest -m built_book -q
 
-test: unit book site-tests
+# In this order, also under `make -j`: unit tests, then the book, then the site.
+test: $(STAMP)
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory book
+	$(MAKE) --no-print-directory site-tests
 
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --ServerApp.jpserver_extensions="{'jupytext': True}" book/
+$(LAB_SETTINGS): $(STAMP) Makefile
+	mkdir -p $(@D)
+	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}},' > $@
+	echo ' "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' >> $@
+
+lab: $(STAMP) $(LAB_SETTINGS)
+	@echo "Chapters open as notebooks (jupytext); run them top to bottom with Run > Run All Cells."
+	$(VENV)/bin/jupyter lab --ServerApp.jpserver_extensions="{'jupyterlab_jupytext': True}" $(ROOT_ARGS) $(LAB_ARGS) book/
 
 clean:
 	rm -rf $(VENV) _build .pytest_cache

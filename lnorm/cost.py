@@ -1,0 +1,423 @@
+"""A model of the work and the memory traffic of layer normalization.
+
+Layer normalization does a handful of floating-point operations per element
+and moves every element through memory at least twice (read the input, write
+the output), so on a CPU or a GPU its time is set by **bytes moved**, not by
+FLOPs. This module counts both, for the forward and the backward, under three
+schedules of the same arithmetic:
+
+``"numpy"``
+    Op by op, as straightforward NumPy runs it: every operator reads its
+    operands from memory and writes a new full-size temporary. The program is
+    spelled out step by step in :func:`numpy_program`, so each count can be
+    checked against the code line by line.
+``"tiled"``
+    The same steps, applied to a block of ``block_rows`` rows at a time, with
+    the block's temporaries small enough to stay in cache. Main memory sees
+    each input read once and each output written once; the per-block
+    overhead is re-reading the parameter vectors and accumulating the
+    ``dgamma``/``dbeta`` partial sums once per block.
+``"fused"``
+    One kernel: each input read once, each output written once, everything
+    else in registers. This is the floor any implementation must pay, and
+    what the GPU chapter's kernels achieve.
+
+Sizes: a full-size tensor has ``rows * D`` elements of ``itemsize`` bytes (a
+temporary of the op-by-op program has ``work_itemsize`` bytes if one is
+given); a per-row statistic (``mean``, ``rstd``) has ``rows`` elements of
+``stat_itemsize`` bytes; a parameter-sized vector (``gamma``, ``beta``,
+``dgamma``, ``dbeta``) has ``D`` elements of ``itemsize`` bytes.
+
+FLOPs count each add, subtract, multiply, divide and square root as one,
+a sum over ``k`` numbers as ``k`` (one add per element, the initial load
+included), and a matrix-vector product over ``k`` entries as ``2 k``. The
+arithmetic does not depend on the schedule: fusion saves bytes, not FLOPs.
+
+What the backward needs saved (``saved``)
+------------------------------------------
+``"xhat_rstd"``
+    ``xhat`` (full size) and ``rstd`` (per row): what :func:`lnorm.forward`
+    keeps. The backward uses ``xhat`` directly.
+``"x_mean_rstd"``
+    ``x`` with ``mean`` and ``rstd``; the backward recomputes
+    ``xhat = (x - mean) * rstd``. When ``x`` is kept alive anyway (the
+    residual stream of a transformer holds it), this costs two row vectors
+    instead of a whole extra activation.
+``"y_rstd"``
+    ``y`` with ``rstd``; the backward recovers ``xhat = (y - beta) / gamma``.
+    ``y`` is the next layer's input, often saved there anyway. Unsafe where
+    ``gamma`` is zero or tiny: the rounding error of ``y`` is divided by
+    ``|gamma|`` (see :func:`cache_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+
+__all__ = [
+    "DIRECTIONS",
+    "SCHEDULES",
+    "SAVED",
+    "Step",
+    "Traffic",
+    "numpy_program",
+    "traffic",
+    "cache_bytes",
+]
+
+DIRECTIONS = ("forward", "backward")
+SCHEDULES = ("numpy", "tiled", "fused")
+SAVED = ("xhat_rstd", "x_mean_rstd", "y_rstd")
+
+# Every tensor name the programs use, by kind: "full" is (rows, D), "row" is
+# (rows,), "param" is (D,). A name not listed here is a full-size temporary.
+_ROW = frozenset({"mean", "var", "rstd", "mean_g", "mean_gxhat"})
+_PARAM = frozenset({"gamma", "beta", "dgamma", "dbeta"})
+
+# What each direction reads and writes, for each choice of saved tensors, in
+# a schedule that touches every tensor exactly once ("fused").
+_IO = {
+    ("forward", "xhat_rstd"): (("x", "gamma", "beta"), ("y", "xhat", "rstd")),
+    ("forward", "x_mean_rstd"): (("x", "gamma", "beta"), ("y", "mean", "rstd")),
+    ("forward", "y_rstd"): (("x", "gamma", "beta"), ("y", "rstd")),
+    ("backward", "xhat_rstd"): (("dy", "xhat", "rstd", "gamma"), ("dx", "dgamma", "dbeta")),
+    ("backward", "x_mean_rstd"): (("dy", "x", "mean", "rstd", "gamma"), ("dx", "dgamma", "dbeta")),
+    ("backward", "y_rstd"): (("dy", "y", "rstd", "gamma", "beta"), ("dx", "dgamma", "dbeta")),
+}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One NumPy expression of the op-by-op program.
+
+    Attributes
+    ----------
+    code : str
+        The expression, as NumPy code.
+    reads, writes : tuple of str
+        Tensor names it reads from and writes to memory. An operand used twice
+        in one expression (``xc * xc``) is read once.
+    flops_full, flops_row : int
+        FLOPs per element of a full-size tensor and per row.
+    """
+
+    code: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    flops_full: int = 1
+    flops_row: int = 0
+
+
+def _s(code, reads, writes, flops_full=1, flops_row=0) -> Step:
+    return Step(code, tuple(reads.split()), tuple(writes.split()), flops_full, flops_row)
+
+
+# The forward, one temporary per operator (the code in lnorm.bench's reference).
+_FORWARD = (
+    _s("mean = x.mean(axis=-1, keepdims=True)", "x", "mean", 1, 1),
+    _s("xc = x - mean", "x mean", "xc"),
+    _s("sq = xc * xc", "xc", "sq"),
+    _s("var = sq.mean(axis=-1, keepdims=True)", "sq", "var", 1, 1),
+    _s("rstd = 1.0 / np.sqrt(var + eps)", "var", "rstd", 0, 3),
+    _s("xhat = xc * rstd", "xc rstd", "xhat"),
+    _s("scaled = gamma * xhat", "gamma xhat", "scaled"),
+    _s("y = scaled + beta", "scaled beta", "y"),
+)
+
+# The backward from xhat and rstd: the compact formula, dy * xhat formed once
+# for both dgamma and mean(g * xhat) = (dy * xhat) @ gamma / D.
+_BACKWARD = (
+    _s("g = dy * gamma", "dy gamma", "g"),
+    _s("dy_xhat = dy * xhat", "dy xhat", "dy_xhat"),
+    _s("mean_g = g.sum(axis=-1, keepdims=True) / D", "g", "mean_g", 1, 1),
+    _s("mean_gxhat = (dy_xhat @ gamma)[:, None] / D", "dy_xhat gamma", "mean_gxhat", 2, 1),
+    _s("u = g - mean_g", "g mean_g", "u"),
+    _s("t = xhat * mean_gxhat", "xhat mean_gxhat", "t"),
+    _s("v = u - t", "u t", "v"),
+    _s("dx = rstd * v", "rstd v", "dx"),
+    _s("dgamma = dy_xhat.sum(axis=0)", "dy_xhat", "dgamma"),
+    _s("dbeta = dy.sum(axis=0)", "dy", "dbeta"),
+)
+
+# How the backward gets xhat back from what was saved.
+_RECOVER = {
+    "xhat_rstd": (),
+    "x_mean_rstd": (
+        _s("xc = x - mean", "x mean", "xc"),
+        _s("xhat = xc * rstd", "xc rstd", "xhat"),
+    ),
+    "y_rstd": (
+        _s("yc = y - beta", "y beta", "yc"),
+        _s("xhat = yc / gamma", "yc gamma", "xhat"),
+    ),
+}
+
+
+def _check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}; got {value!r}.")
+    return value
+
+
+def _check_count(value, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer; got {type(value).__name__}.")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}.")
+    return int(value)
+
+
+def numpy_program(
+    direction: str, saved: str = "xhat_rstd", *, upcast: bool = False
+) -> tuple[Step, ...]:
+    """The op-by-op NumPy program whose traffic the ``"numpy"`` schedule counts.
+
+    Parameters
+    ----------
+    direction : {"forward", "backward"}
+    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd"}
+        What the forward saved; the backward first recovers ``xhat`` from it.
+        The forward's op-by-op traffic does not depend on it (``xhat`` is a
+        temporary of the forward either way; only what is kept alive differs).
+    upcast : bool
+        Convert every full-size input to a working dtype first and every
+        full-size output back at the end (``a.astype(...)``). With the
+        float64 working dtype this is :func:`lnorm.backward`'s program step
+        for step; :func:`lnorm.forward` differs in detail (it also clamps the
+        mean to the row's range and forms the variance with ``einsum``).
+
+    Returns
+    -------
+    tuple of Step
+    """
+    direction = _check_choice(direction, "direction", DIRECTIONS)
+    saved = _check_choice(saved, "saved", SAVED)
+    body = _FORWARD if direction == "forward" else _RECOVER[saved] + _BACKWARD
+    if not upcast:
+        return body
+    inputs, outputs = _IO[(direction, saved)]
+    full_in = [n for n in inputs if n not in _ROW | _PARAM]
+    full_out = [n for n in outputs if n not in _ROW | _PARAM]
+    rename = {n: n + "_w" for n in full_in + full_out}
+    pattern = re.compile(r"\b(" + "|".join(rename) + r")\b")
+    renamed = tuple(
+        Step(
+            pattern.sub(lambda m: rename[m.group(1)], st.code),
+            tuple(rename.get(n, n) for n in st.reads),
+            tuple(rename.get(n, n) for n in st.writes),
+            st.flops_full,
+            st.flops_row,
+        )
+        for st in body
+    )
+    to_work = tuple(Step(f"{n}_w = {n}.astype(work)", (n,), (n + "_w",), 0) for n in full_in)
+    to_out = tuple(Step(f"{n} = {n}_w.astype(dtype)", (n + "_w",), (n,), 0) for n in full_out)
+    return to_work + renamed + to_out
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """FLOPs and main-memory bytes of one layer-norm pass.
+
+    Attributes
+    ----------
+    flops : int
+        Floating-point operations.
+    bytes_read, bytes_written : int
+        Bytes read from and written to main memory.
+    passes : int
+        Full passes over ``(rows, D)``-sized tensors: each full-size tensor
+        read or written once counts one.
+    rows, D : int
+        The problem size the counts are for (used by :meth:`per_element`).
+    """
+
+    flops: int
+    bytes_read: int
+    bytes_written: int
+    passes: int
+    rows: int = 0
+    D: int = 0
+
+    @property
+    def bytes(self) -> int:
+        """Bytes moved: read plus written."""
+        return self.bytes_read + self.bytes_written
+
+    def per_element(self) -> float:
+        """Bytes moved per element of the ``(rows, D)`` input."""
+        n = self.rows * self.D
+        if n == 0:
+            raise ValueError(
+                "per_element needs rows * D > 0; this Traffic has "
+                f"rows={self.rows}, D={self.D}. Build it with lnorm.cost.traffic(...)."
+            )
+        return self.bytes / n
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per byte moved (``nan`` when nothing moves)."""
+        return self.flops / self.bytes if self.bytes else math.nan
+
+
+def traffic(
+    direction: str,
+    schedule: str,
+    *,
+    rows: int,
+    D: int,
+    itemsize: int,
+    saved: str = "xhat_rstd",
+    stat_itemsize: int = 4,
+    work_itemsize: int | None = None,
+    block_rows: int | None = None,
+) -> Traffic:
+    """FLOPs and bytes of the forward or backward under one schedule.
+
+    Parameters
+    ----------
+    direction : {"forward", "backward"}
+    schedule : {"numpy", "tiled", "fused"}
+        See the module docstring.
+    rows, D : int
+        Number of rows (all leading positions, ``B * T``) and row length.
+    itemsize : int
+        Bytes per element of the input (4 for float32).
+    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd"}, default "xhat_rstd"
+        What the forward saves for the backward.
+    stat_itemsize : int, default 4
+        Bytes per element of the per-row statistics (``lnorm.core`` keeps
+        ``rstd`` in float64: 8).
+    work_itemsize : int, optional
+        ``"numpy"`` schedule only: compute in a working dtype of this size,
+        converting inputs first and outputs last (``lnorm.backward`` computes
+        in float64: 8). Default: compute in the input dtype, no conversions.
+    block_rows : int, optional
+        ``"tiled"`` schedule only: rows per block (default: all rows, one block).
+
+    Returns
+    -------
+    Traffic
+
+    Notes
+    -----
+    For ``rows * D = n`` the three schedules move, to leading order,
+
+    * fused and tiled: ``(inputs + outputs) * n * itemsize`` (3 full-size
+      passes for the backward),
+    * numpy: one read per operand and one write per temporary of every step
+      of :func:`numpy_program` (18 passes for the backward from ``xhat``).
+
+    The FLOPs are the same for all three.
+    """
+    direction = _check_choice(direction, "direction", DIRECTIONS)
+    schedule = _check_choice(schedule, "schedule", SCHEDULES)
+    saved = _check_choice(saved, "saved", SAVED)
+    rows = _check_count(rows, "rows", 0)
+    D = _check_count(D, "D", 1)
+    itemsize = _check_count(itemsize, "itemsize", 1)
+    stat_itemsize = _check_count(stat_itemsize, "stat_itemsize", 1)
+    if work_itemsize is not None:
+        if schedule != "numpy":
+            raise ValueError("work_itemsize applies to schedule='numpy' only; leave it None.")
+        work_itemsize = _check_count(work_itemsize, "work_itemsize", 1)
+    if block_rows is not None:
+        if schedule != "tiled":
+            raise ValueError("block_rows applies to schedule='tiled' only; leave it None.")
+        block_rows = _check_count(block_rows, "block_rows", 1)
+
+    n = rows * D
+    upcast = work_itemsize is not None
+    program = numpy_program(direction, saved, upcast=upcast)
+    flops = sum(st.flops_full * n + st.flops_row * rows for st in program)
+    inputs, outputs = _IO[(direction, saved)]
+
+    def size(name: str) -> int:
+        if name in _ROW:
+            return rows * stat_itemsize
+        if name in _PARAM:
+            return D * itemsize
+        if upcast and (name.endswith("_w") or name not in inputs + outputs):
+            return n * work_itemsize
+        return n * itemsize
+
+    def is_full(name: str) -> bool:
+        return name not in _ROW and name not in _PARAM
+
+    if schedule == "numpy":
+        reads = [nm for st in program for nm in st.reads]
+        writes = [nm for st in program for nm in st.writes]
+        bytes_read = sum(size(nm) for nm in reads)
+        bytes_written = sum(size(nm) for nm in writes)
+        passes = sum(is_full(nm) for nm in reads + writes)
+        return Traffic(flops, bytes_read, bytes_written, passes, rows, D)
+
+    bytes_read = sum(size(nm) for nm in inputs)
+    bytes_written = sum(size(nm) for nm in outputs)
+    passes = sum(is_full(nm) for nm in inputs + outputs)
+    if schedule == "tiled" and rows > 0:
+        extra_blocks = -(-rows // (block_rows or rows)) - 1
+        # Every further block re-reads the parameter vectors; the backward
+        # also reads and rewrites its dgamma and dbeta partial sums.
+        params_in = [nm for nm in inputs if nm in _PARAM]
+        params_out = [nm for nm in outputs if nm in _PARAM]
+        bytes_read += extra_blocks * D * itemsize * (len(params_in) + len(params_out))
+        bytes_written += extra_blocks * D * itemsize * len(params_out)
+    return Traffic(flops, bytes_read, bytes_written, passes, rows, D)
+
+
+def cache_bytes(
+    saved: str,
+    *,
+    rows: int,
+    D: int,
+    itemsize: int,
+    stat_itemsize: int = 4,
+    kept_alive: Collection[str] = (),
+) -> int:
+    """Bytes the forward's cache holds until the backward runs.
+
+    Parameters
+    ----------
+    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd"}
+        ``xhat`` + ``rstd``; ``x`` + ``mean`` + ``rstd``; ``y`` + ``rstd``.
+    rows, D, itemsize, stat_itemsize : int
+        As in :func:`traffic`.
+    kept_alive : collection of {"x", "y"}
+        Full-size tensors that stay alive until the backward anyway (``x`` in
+        a residual stream, ``y`` when the next layer saves its input); they
+        cost the cache nothing.
+
+    Returns
+    -------
+    int
+        ``rows * D * itemsize`` for the saved activation (unless kept alive),
+        plus ``rows * stat_itemsize`` per saved statistic. The parameters are
+        held by the layer itself and not counted.
+
+    Notes
+    -----
+    ``"y_rstd"`` recovers ``xhat = (y - beta) / gamma``. The stored ``y``
+    carries a rounding error of about ``u * |y|`` (``u`` the unit roundoff),
+    so the recovered ``xhat`` is off by about ``u * |y| / |gamma|``: fine for
+    ``gamma`` of order one, useless where ``|gamma|`` is tiny, and undefined
+    (0/0) where ``gamma`` is exactly zero, which weight decay and pruning do
+    produce. A library offering this variant must keep ``x`` (or ``xhat``)
+    for such models.
+    """
+    saved = _check_choice(saved, "saved", SAVED)
+    rows = _check_count(rows, "rows", 0)
+    D = _check_count(D, "D", 1)
+    itemsize = _check_count(itemsize, "itemsize", 1)
+    stat_itemsize = _check_count(stat_itemsize, "stat_itemsize", 1)
+    unknown = set(kept_alive) - {"x", "y"}
+    if unknown:
+        raise ValueError(f"kept_alive may name 'x' and 'y' only; got {sorted(unknown)}.")
+    activation = {"xhat_rstd": "xhat", "x_mean_rstd": "x", "y_rstd": "y"}[saved]
+    n_stats = 2 if saved == "x_mean_rstd" else 1
+    held = 0 if activation in kept_alive else rows * D * itemsize
+    return held + n_stats * rows * stat_itemsize

@@ -1,0 +1,191 @@
+"""The kernels' arithmetic, operation for operation, in NumPy float32 on the CPU.
+
+The fused kernels add in a fixed order: each thread sums its own elements in
+sequence, a warp combines its 32 lanes by a butterfly (lane ``i`` plus lane
+``i ^ 16``, then ``^ 8``, ...), a block combines its warps the same way; each
+row group sums ``dy * xhat`` and ``dy`` over its strip of rows, and a second
+kernel sums the strips. This module performs exactly those float32 operations
+in exactly that order, with the same launch plan
+(:func:`lnorm.gpu.kernels.plan`). The kernels are compiled with
+``--fmad=false`` and use correctly rounded division and square root, and
+NumPy's float32 arithmetic is IEEE round-to-nearest, so on a GPU the kernels
+and this emulation agree to the bit. Here it lets a machine without a GPU
+check the algorithm against :mod:`lnorm.core`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .kernels import LaunchPlan, check_backward_args, check_forward_args, constants
+
+__all__ = ["forward", "backward", "row_sum", "strip_sums", "reduce_partials"]
+
+F32 = np.float32
+
+
+def _lanes(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
+    """Arrange rows as the threads hold them: ``[row, i, thread, c]``, zero-padded.
+
+    Thread ``t`` holds vectors ``t, t + G, t + 2G, ...`` of ``VEC`` elements,
+    so element ``((i * G) + t) * VEC + c`` sits at ``[:, i, t, c]``.
+    """
+    G, vec, vpt = p.threads_per_row, p.vec, p.vecs_per_thread
+    padded = np.zeros((a.shape[0], vpt * G * vec), dtype=F32)
+    padded[:, : a.shape[1]] = a
+    return padded.reshape(a.shape[0], vpt, G, vec)
+
+
+def _butterfly(s: np.ndarray) -> np.ndarray:
+    """Sum the last axis (32 lanes) as ``__shfl_xor_sync`` with offsets 16, 8, 4, 2, 1 does."""
+    while s.shape[-1] > 1:
+        half = s.shape[-1] // 2
+        s = s[..., :half] + s[..., half:]  # lane i (< half) adds lane i ^ half = i + half
+    return s[..., 0]
+
+
+def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
+    """Sum each row of ``a`` (float32, shape ``(rows, D)``) in the kernels' order.
+
+    Parameters
+    ----------
+    a : ndarray, float32, shape (rows, D)
+        Entries outside the row (beyond ``D``) count as exact zeros, which is
+        what skipping them in the kernel amounts to.
+    p : LaunchPlan
+
+    Returns
+    -------
+    ndarray, float32, shape (rows,)
+    """
+    lanes = _lanes(a, p)
+    per_thread = np.zeros((a.shape[0], p.threads_per_row), dtype=F32)
+    for i in range(p.vecs_per_thread):  # each thread: its elements in sequence
+        for c in range(p.vec):
+            per_thread += lanes[:, i, :, c]
+    warps = _butterfly(per_thread.reshape(a.shape[0], p.threads_per_row // 32, 32))  # (rows, warps)
+    if not p.per_block:
+        return warps[:, 0]
+    padded = np.zeros((a.shape[0], 32), dtype=F32)  # warp 0 reads 32 slots, zeros past the warps
+    padded[:, : warps.shape[1]] = warps
+    return _butterfly(padded)
+
+
+def forward(
+    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Emulate the fused forward kernel.
+
+    In float32, in the kernel's order: ``mean = sum(x) / D``,
+    ``var = sum((x - mean)**2) / D``, ``rstd = 1 / sqrt(var + eps)``,
+    ``y = (x - mean) * rstd * gamma + beta``, rounded once to the dtype of ``x``.
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., D), float32 or float16
+    gamma, beta : ndarray, shape (D,), the dtype of ``x``
+    eps : float
+
+    Returns
+    -------
+    y : ndarray, shape and dtype of ``x``
+    mean, rstd : ndarray, float32, shape ``x.shape[:-1]``
+    """
+    p = check_forward_args(x, gamma, beta)
+    x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
+    D = F32(p.D)
+    mean = row_sum(x32, p) / D
+    d = x32 - mean[:, None]
+    rstd = F32(1) / np.sqrt(row_sum(d * d, p) / D + F32(eps))
+    y = d * rstd[:, None] * np.asarray(gamma, F32) + np.asarray(beta, F32)
+    lead = x.shape[:-1]
+    return y.astype(x.dtype).reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
+
+
+def strip_sums(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
+    """The backward kernel's column partial sums: what it writes to ``dgamma_part``.
+
+    Parameters
+    ----------
+    a : ndarray, float32, shape (rows, D)
+        The per-element terms, ``dy * xhat`` (for dgamma) or ``dy`` (for dbeta).
+    p : LaunchPlan
+
+    Returns
+    -------
+    ndarray, float32, shape (row_groups, D)
+        Row ``k``: the sum of ``a`` over the ``k``-th strip of
+        ``rows_per_group`` rows, added in row order.
+    """
+    padded = np.zeros((p.row_groups * p.rows_per_group, p.D), dtype=F32)
+    padded[: p.rows] = a
+    strips = padded.reshape(p.row_groups, p.rows_per_group, p.D)
+    acc = np.zeros((p.row_groups, p.D), dtype=F32)
+    for k in range(p.rows_per_group):
+        acc += strips[:, k]
+    return acc
+
+
+def reduce_partials(part: np.ndarray) -> np.ndarray:
+    """What ``ln_bwd_reduce_params`` computes from the partial sums.
+
+    Slice ``s`` of ``S = LN_REDUCE_SLICES`` sums rows ``s, s + S, s + 2S, ...``
+    of ``part`` in order; the ``S`` slices are then added in order.
+
+    Parameters
+    ----------
+    part : ndarray, float32, shape (row_groups, D)
+
+    Returns
+    -------
+    ndarray, float32, shape (D,)
+    """
+    S = constants()["LN_REDUCE_SLICES"]
+    slices = np.zeros((S, part.shape[1]), dtype=F32)
+    for r in range(part.shape[0]):
+        slices[r % S] += part[r]
+    total = np.zeros(part.shape[1], dtype=F32)
+    for s in range(S):
+        total += slices[s]
+    return total
+
+
+def backward(
+    dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, mean: np.ndarray, rstd: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Emulate the fused backward kernel and the dgamma/dbeta reduction.
+
+    In float32: ``xhat = (x - mean) * rstd``, ``g = gamma * dy``,
+    ``dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd`` with the row means
+    summed in the kernel's order; ``dgamma = sum(dy * xhat)`` and
+    ``dbeta = sum(dy)`` over rows, by strips (:func:`strip_sums`) and then
+    over strips (:func:`reduce_partials`).
+
+    Parameters
+    ----------
+    dy, x : ndarray, shape (..., D), float32 or float16, one dtype
+    gamma : ndarray, shape (D,), the dtype of ``x``
+    mean, rstd : ndarray, float32, shape ``x.shape[:-1]``, as :func:`forward` returns them
+
+    Returns
+    -------
+    dx : ndarray, shape and dtype of ``x``
+    dgamma, dbeta : ndarray, float32, shape (D,)
+    """
+    p = check_backward_args(dy, x, gamma, mean, rstd)
+    x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
+    dy32 = np.asarray(dy, dtype=F32).reshape(p.rows, p.D)
+    mu = np.asarray(mean, F32).reshape(p.rows, 1)
+    rs = np.asarray(rstd, F32).reshape(p.rows, 1)
+    xhat = (x32 - mu) * rs
+    g = np.asarray(gamma, F32) * dy32
+    D = F32(p.D)
+    mean_g = (row_sum(g, p) / D)[:, None]
+    mean_gxhat = (row_sum(g * xhat, p) / D)[:, None]
+    dx = ((g - mean_g) - xhat * mean_gxhat) * rs
+    if p.rows == 0:
+        zeros = np.zeros(p.D, dtype=F32)
+        return dx.astype(x.dtype).reshape(x.shape), zeros, zeros.copy()
+    dgamma = reduce_partials(strip_sums(dy32 * xhat, p))
+    dbeta = reduce_partials(strip_sums(dy32, p))
+    return dx.astype(x.dtype).reshape(x.shape), dgamma, dbeta

@@ -1,0 +1,180 @@
+// Shared pieces of the fused layer-norm kernels: launch constants, float16
+// conversion, one-instruction vector loads and stores, row reductions.
+//
+// Included by layernorm_forward.cu and layernorm_backward.cu; not a kernel
+// file on its own. Needs no CUDA header: NVRTC compiles it with no include
+// path, on a machine with or without a GPU.
+#ifndef LNORM_LAYERNORM_COMMON_CU
+#define LNORM_LAYERNORM_COMMON_CU
+
+// Launch constants. lnorm.gpu reads these four numbers to plan launches and
+// to emulate the kernels, so Python and CUDA cannot disagree.
+#define LN_ELEMS_PER_THREAD 16   // row elements a thread holds in registers
+#define LN_WARPS_PER_BLOCK 4     // warp-per-row kernels: rows per block
+#define LN_MAX_ROW_THREADS 512   // block-per-row kernels: largest block
+#define LN_REDUCE_SLICES 8       // dgamma/dbeta reduction: threads per column
+// Largest block of each kind, for __launch_bounds__.
+#define LN_WARP_THREADS (32 * LN_WARPS_PER_BLOCK)
+#define LN_BLOCK_THREADS LN_MAX_ROW_THREADS
+
+// The kernel variants, the same for the forward and the backward: name
+// suffix, storage type, elements per vector load, one row per block (else
+// per warp), largest block. K(...) makes one kernel of a variant.
+#define LN_VARIANTS(K)                                      \
+    K(warp_f32_v4, float, 4, false, LN_WARP_THREADS)        \
+    K(warp_f32_v1, float, 1, false, LN_WARP_THREADS)        \
+    K(warp_f16_v2, half_bits, 2, false, LN_WARP_THREADS)    \
+    K(warp_f16_v1, half_bits, 1, false, LN_WARP_THREADS)    \
+    K(block_f32_v4, float, 4, true, LN_BLOCK_THREADS)       \
+    K(block_f32_v1, float, 1, true, LN_BLOCK_THREADS)       \
+    K(block_f16_v2, half_bits, 2, true, LN_BLOCK_THREADS)   \
+    K(block_f16_v1, half_bits, 1, true, LN_BLOCK_THREADS)
+
+// float16 is stored as its 16 raw bits and converted with one PTX instruction
+// each way, so no cuda_fp16.h is needed. Arithmetic is always float32.
+typedef unsigned short half_bits;
+
+__device__ __forceinline__ float half_to_float(half_bits h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));  // exact
+    return f;
+}
+
+__device__ __forceinline__ half_bits float_to_half(float f) {
+    half_bits h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));  // to nearest even
+    return h;
+}
+
+// Vec<T, VEC>::load(p, out): the VEC consecutive elements p[0..VEC-1], as
+// floats, with ONE global load instruction (float4 = 16 bytes, a half2 pair
+// = 4 bytes); store is the converse. p must be aligned to the vector: the
+// launcher picks VEC > 1 only when D is a multiple of VEC, so that every row
+// starts aligned.
+template <typename T, int VEC> struct Vec;
+
+template <> struct Vec<float, 4> {
+    static __device__ __forceinline__ void load(const float* p, float* out) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    }
+    static __device__ __forceinline__ void store(float* p, const float* in) {
+        *reinterpret_cast<float4*>(p) =
+            make_float4(in[0], in[1], in[2], in[3]);
+    }
+};
+
+// Used for the float32 dgamma/dbeta partial sums of float16 rows.
+template <> struct Vec<float, 2> {
+    static __device__ __forceinline__ void load(const float* p, float* out) {
+        const float2 v = *reinterpret_cast<const float2*>(p);
+        out[0] = v.x; out[1] = v.y;
+    }
+    static __device__ __forceinline__ void store(float* p, const float* in) {
+        *reinterpret_cast<float2*>(p) = make_float2(in[0], in[1]);
+    }
+};
+
+template <> struct Vec<float, 1> {
+    static __device__ __forceinline__ void load(const float* p, float* out) {
+        out[0] = *p;
+    }
+    static __device__ __forceinline__ void store(float* p, const float* in) {
+        *p = in[0];
+    }
+};
+
+// half2: two float16 in one 32-bit word, the lower address in the low half.
+template <> struct Vec<half_bits, 2> {
+    static __device__ __forceinline__ void load(const half_bits* p,
+                                                float* out) {
+        const unsigned int v = *reinterpret_cast<const unsigned int*>(p);
+        out[0] = half_to_float((half_bits)(v & 0xffffu));
+        out[1] = half_to_float((half_bits)(v >> 16));
+    }
+    static __device__ __forceinline__ void store(half_bits* p,
+                                                 const float* in) {
+        const unsigned int lo = float_to_half(in[0]);
+        const unsigned int hi = float_to_half(in[1]);
+        *reinterpret_cast<unsigned int*>(p) = lo | (hi << 16);
+    }
+};
+
+template <> struct Vec<half_bits, 1> {
+    static __device__ __forceinline__ void load(const half_bits* p,
+                                                float* out) {
+        out[0] = half_to_float(*p);
+    }
+    static __device__ __forceinline__ void store(half_bits* p,
+                                                 const float* in) {
+        *p = float_to_half(in[0]);
+    }
+};
+
+// Row reductions. A butterfly (xor) shuffle leaves the sum in every lane, and
+// every lane adds the same two numbers at every step, so all lanes agree to
+// the bit. The order is fixed: lane i + lane i^16, then ^8, ^4, ^2, ^1.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
+}
+
+__device__ __forceinline__ float2 warp_sum(float2 v) {
+    return make_float2(warp_sum(v.x), warp_sum(v.y));
+}
+
+__device__ __forceinline__ float zero_like(float) { return 0.0f; }
+__device__ __forceinline__ float2 zero_like(float2) {
+    return make_float2(0.0f, 0.0f);
+}
+
+// Sum over the whole block: each warp reduces by shuffles, lane 0 parks the
+// warp's sum in shared memory, warp 0 reduces those (padded with zeros to 32
+// lanes, so the order is the same tree as a warp's), and everyone reads it.
+template <typename V>
+__device__ __forceinline__ V block_sum(V v) {
+    __shared__ V partial[33];  // one slot per warp, and one for the result
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    v = warp_sum(v);
+    if (lane == 0) partial[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        V w = lane < nwarps ? partial[lane] : zero_like(v);
+        w = warp_sum(w);
+        if (lane == 0) partial[32] = w;
+    }
+    __syncthreads();
+    v = partial[32];
+    __syncthreads();  // partial[] may be overwritten once everyone has read
+    return v;
+}
+
+// A row is reduced by its own warp, or by the whole block.
+template <bool PER_BLOCK, typename V>
+__device__ __forceinline__ V row_sum(V v) {
+    if constexpr (PER_BLOCK) return block_sum(v);
+    else return warp_sum(v);
+}
+
+// The row group (a warp or a block) a thread belongs to, and its rank in it.
+template <bool PER_BLOCK>
+__device__ __forceinline__ long long group_index() {
+    if constexpr (PER_BLOCK) return blockIdx.x;
+    else return (long long)blockIdx.x * (blockDim.x >> 5)
+                + (threadIdx.x >> 5);
+}
+
+template <bool PER_BLOCK>
+__device__ __forceinline__ int rank_in_group() {
+    return PER_BLOCK ? (int)threadIdx.x : (int)(threadIdx.x & 31);
+}
+
+template <bool PER_BLOCK>
+__device__ __forceinline__ int group_size() {
+    return PER_BLOCK ? (int)blockDim.x : 32;
+}
+
+#endif  // LNORM_LAYERNORM_COMMON_CU

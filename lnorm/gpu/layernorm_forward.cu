@@ -1,0 +1,90 @@
+// Fused layer-norm forward: y = gamma * (x - mean) * rstd + beta, one row per
+// warp (short rows) or per block (long rows). Each element of x is read from
+// global memory once and each element of y written once; the row lives in
+// registers in between. mean and rstd (float32, one each per row) are saved
+// for the backward.
+#include "layernorm_common.cu"
+
+template <typename T, int VEC, bool PER_BLOCK>
+__device__ __forceinline__ void layernorm_forward(
+    const T* __restrict__ x, const T* __restrict__ gamma,
+    const T* __restrict__ beta, T* __restrict__ y,
+    float* __restrict__ mean_out, float* __restrict__ rstd_out,
+    int rows, int D, float eps)
+{
+    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;  // vectors per thread
+    const long long row = group_index<PER_BLOCK>();
+    if (row >= rows) return;  // uniform over the group: no shuffle is split
+    const int t = rank_in_group<PER_BLOCK>(), G = group_size<PER_BLOCK>();
+    const int nvec = D / VEC;
+    const T* xrow = x + row * D;
+    T* yrow = y + row * D;
+
+    // Step 1: the row into registers, one load per vector of VEC elements.
+    // Thread t holds vectors t, t + G, t + 2G, ...: neighbouring threads read
+    // neighbouring addresses (coalesced). Its partial sum, then the row's.
+    float xv[LN_ELEMS_PER_THREAD];
+    float sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (v < nvec) {
+            Vec<T, VEC>::load(xrow + v * VEC, &xv[i * VEC]);
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) sum += xv[i * VEC + c];
+        }
+    }
+    const float mean = row_sum<PER_BLOCK>(sum) / (float)D;
+
+    // Step 2: the variance as the mean of squared deviations (two-pass),
+    // the second pass over registers, not over memory.
+    float m2 = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        if (t + i * G < nvec) {
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) {
+                const float d = xv[i * VEC + c] - mean;
+                m2 += d * d;
+            }
+        }
+    }
+    // Correctly rounded divide and sqrt (NVRTC's defaults), not rsqrtf.
+    const float var = row_sum<PER_BLOCK>(m2) / (float)D;
+    const float rstd = 1.0f / sqrtf(var + eps);
+
+    // Step 3: normalize, scale, shift; y written once, in the storage type.
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (v < nvec) {
+            float g[VEC], b[VEC], out[VEC];
+            Vec<T, VEC>::load(gamma + v * VEC, g);
+            Vec<T, VEC>::load(beta + v * VEC, b);
+#pragma unroll
+            for (int c = 0; c < VEC; ++c)
+                out[c] = (xv[i * VEC + c] - mean) * rstd * g[c] + b[c];
+            Vec<T, VEC>::store(yrow + v * VEC, out);
+        }
+    }
+    if (t == 0) {
+        mean_out[row] = mean;
+        rstd_out[row] = rstd;
+    }
+}
+
+// One kernel per variant (LN_VARIANTS), named ln_fwd_<suffix>.
+// __launch_bounds__ gives the largest block and asks for at least one
+// resident block per SM: registers stay within what that block may use, and
+// ptxas does not spill to squeeze in more blocks.
+#define LN_FORWARD_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)            \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_fwd_##SUFFIX(const T* __restrict__ x, const T* __restrict__ gamma,    \
+                    const T* __restrict__ beta, T* __restrict__ y,           \
+                    float* __restrict__ mean, float* __restrict__ rstd,      \
+                    int rows, int D, float eps) {                            \
+        layernorm_forward<T, VEC, PER_BLOCK>(x, gamma, beta, y, mean, rstd,  \
+                                             rows, D, eps);                  \
+    }
+
+LN_VARIANTS(LN_FORWARD_KERNEL)

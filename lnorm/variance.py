@@ -1,0 +1,306 @@
+"""Row-wise mean and variance: four floating-point algorithms and an exact reference.
+
+Every function works over the last axis of ``x`` (a row of length ``D``),
+vectorized across rows, and returns :class:`RowStats` ``(mean, var)`` of shape
+``x.shape[:-1]`` with the biased variance
+
+.. math::
+
+    \\mu = \\frac1D \\sum_j x_j, \\qquad \\sigma^2 = \\frac1D \\sum_j (x_j - \\mu)^2 .
+
+The floating algorithms take the accumulation dtype ``dtype`` (float16,
+float32 or float64; default: the dtype of ``x``). ``x`` is rounded to it once
+and every operation after that runs in it, so the same algorithm can be
+studied in each precision.
+
+``naive``
+    :math:`\\sigma^2 = \\overline{x^2} - \\overline{x}^2`: one pass, but the
+    subtraction cancels; relative error about :math:`u\\,\\kappa^2`.
+``two_pass``
+    The mean, then the mean of squared deviations: relative error about
+    :math:`u + (u\\kappa)^2` (Chan, Golub and LeVeque 1983).
+``welford``
+    Welford's streaming update of ``(n, mean, M2)``, one column at a time:
+    relative error at most about :math:`D\\,u\\,\\kappa`, in practice far less.
+``chan``
+    Chan's pairwise merge of partial ``(n, mean, M2)``: the shape of a GPU
+    reduction tree; relative error at most about :math:`\\log_2 D\\,u\\,\\kappa`.
+``exact``
+    The mean and variance of the given floating values in exact rational
+    arithmetic (:class:`fractions.Fraction`), rounded once to float64.
+
+Here :math:`u` is the unit roundoff of the accumulation dtype and
+:math:`\\kappa = \\sqrt{1 + \\mu^2/\\sigma^2}` the condition number of the
+variance (Chan, Golub and LeVeque 1983).
+
+NumPy's ``sum`` along a contiguous axis is pairwise, and for float16 it adds
+in float32 internally and rounds the total once; elementwise operations
+(``x * x``, ``x - mean``) run in the accumulation dtype.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from typing import Callable, NamedTuple
+
+import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
+
+from .core import SUPPORTED_DTYPES, _as_float_array
+
+__all__ = [
+    "RowStats",
+    "naive",
+    "two_pass",
+    "welford",
+    "chan",
+    "exact",
+    "exact_row",
+    "ALGORITHMS",
+]
+
+
+class RowStats(NamedTuple):
+    """Per-row statistics, each of shape ``x.shape[:-1]``."""
+
+    mean: np.ndarray
+    var: np.ndarray
+
+
+def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
+    """Validate ``x`` and ``dtype``; return ``x`` as a new array in the accumulation dtype."""
+    x = _as_float_array(x, "x")
+    if x.ndim == 0:
+        raise ValueError(
+            "x must have at least one dimension, shape (..., D); got a 0-d array. "
+            "Use x.reshape(1) for a single value."
+        )
+    if x.shape[-1] < 1:
+        raise ValueError("x must have a last axis of length D >= 1; got D = 0.")
+    if dtype is None:
+        acc = x.dtype
+    else:
+        try:
+            acc = np.dtype(dtype)
+        except TypeError as err:
+            raise TypeError(
+                f"dtype must be float16, float32 or float64 (the accumulation dtype); got {dtype!r}."
+            ) from err
+        if acc not in SUPPORTED_DTYPES:
+            raise TypeError(
+                f"dtype must be float16, float32 or float64 (the accumulation dtype); got {acc}."
+            )
+    # A copy even when the dtype already matches: inputs are never modified.
+    return x.astype(acc, copy=True)
+
+
+def naive(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
+    """Textbook one-pass variance, :math:`\\overline{x^2} - \\overline{x}^2`.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        float16, float32 or float64. Not modified.
+    dtype : float16, float32 or float64, optional
+        Accumulation dtype (default: the dtype of ``x``).
+
+    Returns
+    -------
+    RowStats
+        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
+
+    Notes
+    -----
+    Both sums are of size :math:`\\mu^2 + \\sigma^2`; their difference is
+    :math:`\\sigma^2`, so the rounding error :math:`u(\\mu^2+\\sigma^2)` becomes
+    a relative error :math:`u\\,\\kappa^2`. The result can be zero or negative
+    once :math:`\\kappa^2 \\gtrsim 1/u`. It is returned as computed (no clamp),
+    so that callers can see it.
+    """
+    xa = _prepare(x, dtype)
+    D = xa.shape[-1]
+    mean = xa.sum(axis=-1) / D
+    mean_sq = (xa * xa).sum(axis=-1) / D
+    return RowStats(mean, mean_sq - mean * mean)
+
+
+def two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
+    """Two-pass variance: the mean first, then the mean of squared deviations.
+
+    .. math::
+
+        \\hat\\mu = \\mathrm{fl}\\Bigl(\\frac1D\\sum_j x_j\\Bigr), \\qquad
+        \\sigma^2 = \\frac1D \\sum_j (x_j - \\hat\\mu)^2 .
+
+    Parameters and returns as in :func:`naive`.
+
+    Notes
+    -----
+    The squares are of deviations, so nothing cancels; the only error that
+    grows with the offset is the mean's own rounding
+    :math:`\\delta \\approx u|\\mu|`, which adds :math:`\\delta^2` to the sum:
+    a relative error :math:`(u\\kappa)^2`, invisible until
+    :math:`\\kappa \\approx u^{-1/2}` (Chan, Golub and LeVeque 1983).
+    """
+    xa = _prepare(x, dtype)
+    D = xa.shape[-1]
+    mean = xa.sum(axis=-1, keepdims=True) / D
+    dev = xa - mean
+    return RowStats(mean[..., 0], (dev * dev).sum(axis=-1) / D)
+
+
+def welford(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
+    """Welford's one-pass streaming variance, vectorized across rows.
+
+    For ``j = 1 .. D`` (one loop iteration per column, every row at once):
+
+    .. math::
+
+        \\delta = x_j - m_{j-1}, \\qquad m_j = m_{j-1} + \\delta / j, \\qquad
+        M_j = M_{j-1} + \\delta\\,(x_j - m_j),
+
+    and :math:`\\sigma^2 = M_D / D`.
+
+    Parameters and returns as in :func:`naive`.
+
+    Notes
+    -----
+    Every update works with deviations from the running mean, so it never
+    forms :math:`\\mu^2`; Welford (1962). Its error bound grows like
+    :math:`D\\,u\\,\\kappa` (Chan, Golub and LeVeque 1983).
+    """
+    xa = _prepare(x, dtype)
+    acc = xa.dtype.type
+    D = xa.shape[-1]
+    mean = np.zeros(xa.shape[:-1], dtype=xa.dtype)
+    m2 = np.zeros(xa.shape[:-1], dtype=xa.dtype)
+    for j in range(D):
+        xj = xa[..., j]
+        delta = xj - mean
+        mean = mean + delta / acc(j + 1)
+        m2 = m2 + delta * (xj - mean)
+    return RowStats(mean, m2 / acc(D))
+
+
+def chan(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
+    """Chan's pairwise merge of partial ``(n, mean, M2)``: a reduction tree.
+
+    Every element starts as a partial ``(1, x_j, 0)``. Each level merges
+    partial ``i`` with partial ``i + h`` (``h`` = half the count, the pattern
+    of a warp-shuffle or shared-memory tree; an odd one out waits a level):
+
+    .. math::
+
+        n = n_a + n_b, \\qquad \\delta = m_b - m_a, \\qquad
+        m = m_a + \\delta\\,\\frac{n_b}{n}, \\qquad
+        M = M_a + M_b + \\delta^2\\,\\frac{n_a n_b}{n},
+
+    and :math:`\\sigma^2 = M / D` after :math:`\\lceil\\log_2 D\\rceil` levels.
+
+    Parameters and returns as in :func:`naive`.
+
+    Notes
+    -----
+    Chan, Golub and LeVeque (1983). The weights :math:`n_b/n` and
+    :math:`n_a n_b/n` are the same for every row; they are formed in float64
+    and rounded once to ``dtype``, as a kernel would hold them as constants.
+    """
+    xa = _prepare(x, dtype)
+    D = xa.shape[-1]
+    n = np.ones(D, dtype=np.int64)
+    mean = xa
+    m2 = np.zeros_like(xa)
+    while mean.shape[-1] > 1:
+        L = mean.shape[-1]
+        h = L // 2
+        na, nb = n[:h], n[h:2 * h]
+        nab = na + nb
+        w_mean = (nb / nab).astype(xa.dtype)
+        w_m2 = (na * nb / nab).astype(xa.dtype)
+        delta = mean[..., h:2 * h] - mean[..., :h]
+        merged_mean = mean[..., :h] + delta * w_mean
+        merged_m2 = m2[..., :h] + m2[..., h:2 * h] + delta * delta * w_m2
+        # An odd count leaves the last partial unmerged; it joins the next level.
+        mean = np.concatenate([merged_mean, mean[..., 2 * h:]], axis=-1)
+        m2 = np.concatenate([merged_m2, m2[..., 2 * h:]], axis=-1)
+        n = np.concatenate([nab, n[2 * h:]])
+    return RowStats(mean[..., 0], m2[..., 0] / xa.dtype.type(D))
+
+
+def exact_row(row: ArrayLike) -> tuple[Fraction, Fraction]:
+    """Exact mean and (biased) variance of one row of floating values.
+
+    Every finite float is a dyadic rational :math:`N_j / 2^{k_j}`. Scaled to a
+    common denominator :math:`2^K`, the row becomes integers :math:`N_j`, and
+
+    .. math::
+
+        \\mu = \\frac{S_1}{D\\,2^K}, \\qquad
+        \\sigma^2 = \\frac{D S_2 - S_1^2}{D^2\\,2^{2K}}, \\qquad
+        S_1 = \\sum_j N_j,\\; S_2 = \\sum_j N_j^2,
+
+    computed in Python integers, with no rounding at all. The one-pass
+    formula is safe here: in exact arithmetic nothing cancels badly.
+
+    Parameters
+    ----------
+    row : array_like, shape (D,)
+        Finite float16, float32 or float64 values, D >= 1.
+
+    Returns
+    -------
+    mean, var : fractions.Fraction
+    """
+    row = _as_float_array(row, "row")
+    if row.ndim != 1 or row.shape[0] < 1:
+        raise ValueError(f"row must be one-dimensional with D >= 1 values; got shape {row.shape}.")
+    if not np.all(np.isfinite(row)):
+        raise ValueError("row must hold finite values only: the exact variance of inf or nan is undefined.")
+    ratios = [v.as_integer_ratio() for v in row.tolist()]
+    K = max(den.bit_length() - 1 for _, den in ratios)  # denominators are powers of two
+    ints = [num << (K - (den.bit_length() - 1)) for num, den in ratios]
+    D = len(ints)
+    s1 = sum(ints)
+    s2 = sum(v * v for v in ints)
+    scale = 1 << K
+    return Fraction(s1, D * scale), Fraction(D * s2 - s1 * s1, D * D * scale * scale)
+
+
+def exact(x: ArrayLike) -> RowStats:
+    """Exact mean and variance of every row, each rounded once to float64.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        Finite float16, float32 or float64 values. Not modified.
+
+    Returns
+    -------
+    RowStats
+        float64 ``mean`` and ``var``, each the correctly rounded value of the
+        exact rational result of :func:`exact_row`.
+
+    Notes
+    -----
+    The reference for the floating algorithms. It runs a Python loop over rows
+    and elements, so keep it to small inputs (thousands of rows of a few
+    hundred values take well under a second).
+    """
+    x = _prepare(x, None)
+    rows = x.reshape(-1, x.shape[-1])
+    mean = np.empty(rows.shape[0])
+    var = np.empty(rows.shape[0])
+    for i, row in enumerate(rows):
+        m, v = exact_row(row)
+        # float(Fraction) divides two Python ints: correctly rounded.
+        mean[i], var[i] = float(m), float(v)
+    return RowStats(mean.reshape(x.shape[:-1]), var.reshape(x.shape[:-1]))
+
+
+#: The floating algorithms by name, each ``f(x, dtype) -> RowStats``.
+ALGORITHMS: dict[str, Callable[..., RowStats]] = {
+    "naive": naive,
+    "two-pass": two_pass,
+    "Welford": welford,
+    "Chan": chan,
+}

@@ -1,0 +1,529 @@
+"""Tests of lnorm.gpu: PTX everywhere, the NumPy emulation everywhere, the kernels on a GPU.
+
+The compilation and PTX tests run on any machine (NVRTC needs no GPU). The
+tests that launch kernels skip with the reason lnorm.gpu.available() gives.
+"""
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from lnorm import gpu
+from lnorm.gpu import check, emulate, kernels, ptx
+
+GPU_OK, GPU_REASON = gpu.available()
+needs_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs a CUDA device: {GPU_REASON}")
+
+C = kernels.constants()
+E = C["LN_ELEMS_PER_THREAD"]
+ALL_KERNELS = {name for f in kernels.KERNEL_FILES for name in kernels.kernel_params(f)}
+MAIN = re.compile(r"ln_(fwd|bwd)_(warp|block)_(f32|f16)_v(\d)")
+ITEMSIZE = {"f32": 4, "f16": 2}
+
+# Shapes with D a multiple of the vector width and not (7, 513, 1027, 4099),
+# warp-per-row (D <= 512) and block-per-row, up to the longest row, 8192.
+SHAPES = [(64, 1), (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64)]
+# Normwise relative error bounds against lnorm's float64 result. float32
+# arithmetic: a few units of u32 = 6e-8 (measured: at most 2.5e-7). float16
+# outputs are rounded once to float16: u16 = 4.9e-4. dgamma and dbeta are
+# float32 in both cases.
+BOUND = {
+    "float32": {"y": 1e-6, "dx": 1e-6, "dgamma": 1e-6, "dbeta": 1e-6},
+    "float16": {"y": 1e-3, "dx": 1e-3, "dgamma": 1e-6, "dbeta": 1e-6},
+}
+
+
+def _run(code: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return proc.stdout.strip()
+
+
+# --- importing without CUDA -----------------------------------------------------
+
+
+def test_import_does_not_import_cupy():
+    assert _run("import sys, lnorm.gpu; print('cupy' in sys.modules)") == "False"
+
+
+def test_without_cupy_available_says_why():
+    out = _run(
+        "import sys; sys.modules['cupy'] = None\n"
+        "import lnorm.gpu as g; ok, why = g.available(); print(ok, '|', why)"
+    )
+    ok, why = out.split(" | ")
+    assert ok == "False"
+    assert "CuPy cannot be imported" in why
+
+
+def test_available_agrees_with_cupy():
+    import cupy
+
+    ok, reason = gpu.available()
+    assert ok == cupy.cuda.is_available()
+    assert isinstance(reason, str) and len(reason) > 3
+    if not ok:
+        assert "no CUDA device" in reason
+
+
+@pytest.mark.skipif(GPU_OK, reason="checks the behaviour on a machine without a GPU")
+def test_gpu_entry_points_refuse_on_a_cpu_machine():
+    calls = (
+        gpu.FusedLayerNorm,
+        gpu.run.device_info,
+        lambda: gpu.run.cuda_time(print),
+        lambda: gpu.run.benchmark(16, 16, np.float32),
+    )
+    for call in calls:
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            call()
+
+
+# --- launch plan and argument checks -----------------------------------------------
+
+
+def test_constants_are_read_from_the_source():
+    assert set(C) == {"LN_ELEMS_PER_THREAD", "LN_WARPS_PER_BLOCK", "LN_MAX_ROW_THREADS", "LN_REDUCE_SLICES"}
+    assert kernels.max_D() == E * C["LN_MAX_ROW_THREADS"] == 8192
+
+
+@pytest.mark.parametrize(
+    "D, dtype, vec, per_block, threads",
+    [
+        (7, np.float32, 1, False, 32),
+        (512, np.float32, 4, False, 32),
+        (512, np.float16, 2, False, 32),
+        (513, np.float16, 1, True, 64),
+        (768, np.float32, 4, True, 64),
+        (4099, np.float32, 1, True, 288),
+        (8192, np.float16, 2, True, 512),
+        (8192, np.float32, 4, True, 512),
+    ],
+)
+def test_plan_mapping(D, dtype, vec, per_block, threads):
+    p = kernels.plan(1000, D, dtype)
+    assert (p.vec, p.per_block, p.threads_per_row) == (vec, per_block, threads)
+    assert p.threads_per_row * E >= D  # the row fits in the group's registers
+    assert p.kernel("forward").startswith("ln_fwd_") and p.kernel("forward") in ALL_KERNELS
+    assert p.kernel("backward") in ALL_KERNELS
+
+
+@pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 1000, 65537, 10**6])
+def test_plan_strips_cover_every_row_once(rows):
+    p = kernels.plan(rows, 256, np.float32)
+    assert p.row_groups <= kernels.MAX_ROW_GROUPS
+    if rows:
+        assert (p.row_groups - 1) * p.rows_per_group < rows <= p.row_groups * p.rows_per_group
+        assert p.rows_per_group >= kernels.MIN_ROWS_PER_GROUP
+        assert p.backward_grid * C["LN_WARPS_PER_BLOCK"] >= p.row_groups
+    else:
+        assert p.row_groups == 0
+
+
+def test_plan_rejects_bad_sizes_and_dtypes():
+    with pytest.raises(ValueError, match="D must be between 1 and 8192"):
+        kernels.plan(10, 8193, np.float32)
+    with pytest.raises(ValueError, match="D must be"):
+        kernels.plan(10, 0, np.float32)
+    with pytest.raises(ValueError, match="rows must be"):
+        kernels.plan(-1, 8, np.float32)
+    with pytest.raises(TypeError, match="float32 or float16"):
+        kernels.plan(10, 8, np.float64)
+
+
+def test_argument_checks_name_the_argument():
+    x = np.zeros((4, 8), np.float32)
+    g = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="gamma must have shape"):
+        emulate.forward(x, np.ones(7, np.float32), g)
+    with pytest.raises(TypeError, match="beta must have the dtype of x"):
+        emulate.forward(x, g, g.astype(np.float16))
+    with pytest.raises(TypeError, match="x must be float32 or float16"):
+        emulate.forward(x.astype(np.float64), g, g)
+    m = np.zeros(4, np.float32)
+    with pytest.raises(TypeError, match="mean must be float32"):
+        emulate.backward(x, x, g, m.astype(np.float64), m)
+    with pytest.raises(ValueError, match="dy must have the shape of x"):
+        emulate.backward(x[:2], x, g, m, m)
+
+
+def test_emulation_does_not_modify_inputs():
+    inp = check.make_inputs(8, 12, np.float16, seed=3)
+    before = {k: v.copy() for k, v in inp.items()}
+    y, mean, rstd = emulate.forward(inp["x"], inp["gamma"], inp["beta"])
+    emulate.backward(inp["dy"], inp["x"], inp["gamma"], mean, rstd)
+    for k in inp:
+        np.testing.assert_array_equal(inp[k], before[k])
+
+
+# --- NVRTC compilation and PTX, on any machine ----------------------------------------
+
+
+@pytest.fixture(scope="module", params=kernels.ARCHS)
+def compiled(request):
+    reports, usage = ptx.inspect_kernels(request.param)
+    return request.param, reports, usage
+
+
+def test_every_kernel_compiles(compiled):
+    _, reports, _ = compiled
+    assert len(ALL_KERNELS) == 17
+    assert set(reports) == ALL_KERNELS
+    for name, r in reports.items():
+        assert r.max_threads is not None, f"{name} has no __launch_bounds__"
+
+
+def test_no_local_memory_and_no_atomics(compiled):
+    _, reports, _ = compiled
+    for name, r in reports.items():
+        assert r.local_bytes == 0 and r.count("ld.local") == 0 and r.count("st.local") == 0, name
+        assert r.count("atom") == 0 and r.count("red.") == 0, name
+
+
+def test_arithmetic_rounds_like_the_emulation(compiled):
+    """No contracted multiply-adds, no approximate division or square root."""
+    _, reports, _ = compiled
+    for name, r in reports.items():
+        assert r.count("fma") == 0 and r.count("mad.f32") == 0 and r.count("mad.rn.f32") == 0, name
+        assert not any(".approx" in op or ".full" in op for op in r.opcodes), name
+        if name.startswith("ln_fwd"):
+            assert r.count("sqrt.rn.f32") == 1 and r.count("div.rn.f32") == 2, name
+
+
+def _memory(r, kind, in_loop=None):
+    out = {}
+    for op in r.ops(kind, in_loop=in_loop):
+        n, b = out.get(op.argument, (0, 0))
+        out[op.argument] = (n + 1, b + op.bytes)
+    return out
+
+
+def _main_kernels(reports):
+    """(name, report, direction, mapping, storage, vec) of every forward/backward kernel."""
+    for name, r in reports.items():
+        m = MAIN.fullmatch(name)
+        if m:
+            yield name, r, m.group(1), m.group(2), m.group(3), int(m.group(4))
+
+
+def test_main_kernels_touch_each_element_once(compiled):
+    _, reports, _ = compiled
+    for name, r, direction, _, storage, vec in _main_kernels(reports):
+        row = (E // vec, E * ITEMSIZE[storage])  # instructions and bytes per thread per row
+        stat = (1, 4)  # one float32 per row
+        if direction == "fwd":
+            assert _memory(r, "ld") == {"x": row, "gamma": row, "beta": row}, name
+            assert _memory(r, "st") == {"y": row, "mean": stat, "rstd": stat}, name
+        else:
+            assert _memory(r, "ld", in_loop=True) == {
+                "x": row, "dy": row, "gamma": row, "mean": stat, "rstd": stat
+            }, name
+            assert _memory(r, "ld", in_loop=False) == {}, name
+            assert _memory(r, "st", in_loop=True) == {"dx": row}, name
+            partial = (E // vec, E * 4)  # float32 column sums, written after the strip
+            assert _memory(r, "st", in_loop=False) == {"dgamma_part": partial, "dbeta_part": partial}, name
+
+
+def test_reductions_use_shuffles_and_little_shared_memory(compiled):
+    _, reports, _ = compiled
+    for name, r, direction, mapping, _, _ in _main_kernels(reports):
+        # Two float reductions per row, each 5 butterfly steps per warp level.
+        levels = 2 if mapping == "block" else 1
+        assert r.count("shfl.sync.bfly") == 2 * 5 * levels, name
+        if mapping == "warp":
+            assert r.shared_bytes == 0 and r.count("bar.sync") == 0, name
+        else:
+            value_bytes = 4 if direction == "fwd" else 8  # float, or float2 for the backward
+            assert r.shared_bytes == 33 * value_bytes, name
+            assert r.count("bar.sync") > 0, name
+
+
+def test_parameter_reduction_kernel(compiled):
+    _, reports, _ = compiled
+    r = reports["ln_bwd_reduce_params"]
+    assert set(_memory(r, "ld")) == {"dgamma_part", "dbeta_part"}
+    assert _memory(r, "st") == {"dgamma": (1, 4), "dbeta": (1, 4)}
+    assert r.shared_bytes == 2 * C["LN_REDUCE_SLICES"] * 32 * 4
+    assert r.max_threads == 32 * C["LN_REDUCE_SLICES"]
+
+
+def test_registers_fit_the_block_and_nothing_spills(compiled):
+    arch, reports, usage = compiled
+    if usage is None:
+        pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
+    assert set(usage) == ALL_KERNELS
+    for name, u in usage.items():
+        assert u.spill_stores == 0 and u.spill_loads == 0 and u.stack_frame == 0, (arch, name, u)
+        # 65536 registers per SM: the largest block must still launch.
+        assert u.registers * reports[name].max_threads <= 65536, (arch, name, u)
+        assert u.shared_bytes == reports[name].shared_bytes, (arch, name, u)
+
+
+def test_ptx_attributes_loads_to_arguments():
+    """The address tracing on a tiny hand-checked kernel."""
+    src = """
+.visible .entry k(
+	.param .u64 k_param_0,
+	.param .u64 k_param_1,
+	.param .u32 k_param_2
+)
+.maxntid 64, 1, 1
+{
+	ld.param.u64 	%rd1, [k_param_0];
+	ld.param.u64 	%rd2, [k_param_1];
+	ld.param.u32 	%r1, [k_param_2];
+	cvta.to.global.u64 	%rd3, %rd1;
+	cvta.to.global.u64 	%rd4, %rd2;
+	mul.wide.s32 	%rd5, %r1, 4;
+	add.s64 	%rd6, %rd3, %rd5;
+$L__BB0_1:
+	ld.global.nc.v4.f32 	{%f1, %f2, %f3, %f4}, [%rd6];
+	add.s64 	%rd7, %rd4, %rd5;
+	st.global.u16 	[%rd7+2], %rs1;
+	@%p1 bra 	$L__BB0_1;
+	st.global.f32 	[%rd3], %f1;
+	ret;
+}
+"""
+    r = ptx.inspect_ptx(src, {"k": ("src", "dst", "n")})["k"]
+    assert r.max_threads == 64
+    assert [(o.kind, o.argument, o.vector, o.bits, o.in_loop) for o in r.memory_ops] == [
+        ("ld", "src", 4, 32, True),
+        ("st", "dst", 1, 16, True),
+        ("st", "src", 1, 32, False),
+    ]
+
+
+# --- the NumPy emulation, on any machine ------------------------------------------------
+
+
+def _lane_by_lane_row_sum(row: np.ndarray, p) -> np.float32:
+    """The kernels' row sum simulated one lane at a time, straight from the CUDA source."""
+    G, vec, nvec = p.threads_per_row, p.vec, p.D // p.vec
+    partial = [np.float32(0)] * G
+    for t in range(G):
+        for i in range(E // vec):
+            v = t + i * G
+            if v < nvec:
+                for c in range(vec):
+                    partial[t] = np.float32(partial[t] + row[v * vec + c])
+
+    def warp_sum(lanes):
+        lanes = list(lanes)
+        for offset in (16, 8, 4, 2, 1):
+            lanes = [np.float32(lanes[i] + lanes[i ^ offset]) for i in range(32)]
+        assert len({float(v) for v in lanes}) == 1  # every lane holds the same sum
+        return lanes[0]
+
+    warps = [warp_sum(partial[w : w + 32]) for w in range(0, G, 32)]
+    if not p.per_block:
+        return warps[0]
+    return warp_sum(warps + [np.float32(0)] * (32 - len(warps)))
+
+
+@pytest.mark.parametrize("D", [7, 100, 512, 1027, 4096])
+def test_emulated_row_sum_follows_the_kernel_order(D):
+    rng = np.random.default_rng(D)
+    # Magnitudes over 16 decades: the sum depends on the order of additions.
+    a = (rng.standard_normal((6, D)) * 10.0 ** rng.uniform(-8, 8, (6, D))).astype(np.float32)
+    p = kernels.plan(6, D, np.float32)
+    got = emulate.row_sum(a, p)
+    want = np.array([_lane_by_lane_row_sum(row, p) for row in a], dtype=np.float32)
+    np.testing.assert_array_equal(got, want)
+    sequential = np.array([np.cumsum(row, dtype=np.float32)[-1] for row in a])
+    if D >= 100:  # the order matters here: the comparison above has teeth
+        assert np.any(got != sequential)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("rows, D", SHAPES)
+def test_emulation_matches_lnorm(rows, D, dtype):
+    inp = check.make_inputs(rows, D, dtype, seed=rows + D)
+    y, mean, rstd = emulate.forward(inp["x"], inp["gamma"], inp["beta"])
+    dx, dgamma, dbeta = emulate.backward(inp["dy"], inp["x"], inp["gamma"], mean, rstd)
+    assert y.dtype == dx.dtype == np.dtype(dtype)
+    assert dgamma.dtype == dbeta.dtype == mean.dtype == rstd.dtype == np.float32
+    err = check.relative_errors({"y": y, "dx": dx, "dgamma": dgamma, "dbeta": dbeta}, check.reference(inp))
+    for name, bound in BOUND[dtype].items():
+        assert err[name] <= bound, (name, err[name])
+
+
+def test_emulation_keeps_leading_dimensions_and_zero_rows():
+    inp = check.make_inputs(6, 20, np.float32, seed=5)
+    x3 = inp["x"].reshape(2, 3, 20)
+    y, mean, rstd = emulate.forward(x3, inp["gamma"], inp["beta"])
+    assert y.shape == (2, 3, 20) and mean.shape == rstd.shape == (2, 3)
+    y2, _, _ = emulate.forward(inp["x"], inp["gamma"], inp["beta"])
+    np.testing.assert_array_equal(y.reshape(6, 20), y2)
+    empty = np.zeros((0, 20), np.float32)
+    dx, dgamma, dbeta = emulate.backward(empty, empty, inp["gamma"], np.zeros(0, np.float32), np.zeros(0, np.float32))
+    assert dx.shape == (0, 20) and not dgamma.any() and not dbeta.any()
+
+
+# --- on a GPU ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fused():
+    if not GPU_OK:
+        pytest.skip(f"needs a CUDA device: {GPU_REASON}")
+    return gpu.FusedLayerNorm()
+
+
+def _run_fused(fused, inp):
+    y, mean, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"])
+    dx, dgamma, dbeta = fused.backward(inp["dy"], inp["x"], inp["gamma"], mean, rstd)
+    return {k: v.get() for k, v in dict(y=y, mean=mean, rstd=rstd, dx=dx, dgamma=dgamma, dbeta=dbeta).items()}
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("rows, D", SHAPES + [(4096, 768), (20000, 100)])
+def test_kernels_match_lnorm_and_the_emulation_bit_for_bit(fused, rows, D, dtype):
+    inp = check.make_inputs(rows, D, dtype, seed=rows + D)
+    got = _run_fused(fused, inp)
+    err = check.relative_errors(got, check.reference(inp))
+    for name, bound in BOUND[dtype].items():
+        assert err[name] <= bound, (name, err[name])
+    y, mean, rstd = emulate.forward(inp["x"], inp["gamma"], inp["beta"])
+    dx, dgamma, dbeta = emulate.backward(inp["dy"], inp["x"], inp["gamma"], mean, rstd)
+    want = dict(y=y, mean=mean, rstd=rstd, dx=dx, dgamma=dgamma, dbeta=dbeta)
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@needs_gpu
+def test_kernels_are_deterministic(fused):
+    inp = check.make_inputs(30000, 1000, "float32", seed=11)
+    first, second = _run_fused(fused, inp), _run_fused(fused, inp)
+    for name in first:
+        assert first[name].tobytes() == second[name].tobytes(), name
+
+
+@needs_gpu
+def test_misaligned_and_strided_inputs_give_the_same_result(fused):
+    import cupy as cp
+
+    inp = check.make_inputs(64, 256, "float32", seed=2)
+    flat = cp.zeros(64 * 256 + 1, dtype=cp.float32)
+    flat[1:] = cp.asarray(inp["x"]).ravel()
+    x_misaligned = flat[1:].reshape(64, 256)  # 4 bytes past a 16-byte boundary
+    y1, _, _ = fused.forward(x_misaligned, inp["gamma"], inp["beta"])
+    y2, _, _ = fused.forward(inp["x"], inp["gamma"], inp["beta"])
+    np.testing.assert_array_equal(y1.get(), y2.get())
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=needs_gpu)])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_unfused_version_matches_lnorm(device, dtype):
+    """The op-by-op comparison code: NumPy arrays on the CPU, CuPy arrays on a GPU."""
+    inp = check.make_inputs(300, 1027, dtype, seed=4)
+    if device == "gpu":
+        import cupy as cp
+
+        inp_dev = {k: cp.asarray(v) for k, v in inp.items()}
+    else:
+        inp_dev = inp
+    y, mean, rstd = gpu.run.unfused_forward(inp_dev["x"], inp_dev["gamma"], inp_dev["beta"])
+    dx, dgamma, dbeta = gpu.run.unfused_backward(inp_dev["dy"], inp_dev["x"], inp_dev["gamma"], mean, rstd)
+    assert y.dtype == dx.dtype == np.dtype(dtype) and dgamma.dtype == np.float32
+    err = check.relative_errors(dict(y=y, dx=dx, dgamma=dgamma, dbeta=dbeta), check.reference(inp))
+    for name, bound in BOUND[dtype].items():
+        assert err[name] <= 10 * bound, (name, err[name])
+
+
+# --- the launch code, with a stand-in for CuPy -------------------------------------------
+
+
+class _HostArray(np.ndarray):
+    """A NumPy array posing as a device array: it has ``.data.ptr`` like CuPy's."""
+
+    @property
+    def data(self):
+        return type("Mem", (), {"ptr": self.__array_interface__["data"][0]})()
+
+
+def _fake_cupy(launches, ptx_types):
+    """A stand-in ``cupy`` whose kernels check their arguments and run the emulation."""
+    import types
+
+    from cupy.cuda import nvrtc as real_nvrtc
+
+    def host(a):
+        return np.asarray(a).view(_HostArray)
+
+    def launcher(name):
+        def launch(grid, block, args):
+            types_ = ptx_types[name]
+            assert len(args) == len(types_), name
+            for a, t in zip(args, types_):
+                if t == "u64":
+                    assert isinstance(a, _HostArray) and a.flags.c_contiguous, (name, t, type(a))
+                    assert a.__array_interface__["data"][0] % 16 == 0 or a.size == 0
+                else:
+                    assert type(a) is {"u32": np.int32, "f32": np.float32}[t], (name, t, type(a))
+            launches.append((name, grid, block, args))
+
+        return launch
+
+    cuda = types.ModuleType("cupy.cuda")
+    cuda.nvrtc = real_nvrtc
+    cuda.is_available = lambda: True
+    cuda.Device = lambda: types.SimpleNamespace(id=0, compute_capability="80")
+    cuda.runtime = types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"stand-in"})
+    cp = types.ModuleType("cupy")
+    cp.cuda = cuda
+    cp.float32 = np.float32
+    cp.asarray = lambda a, dtype=None: host(np.asarray(a, dtype=dtype))
+    cp.ascontiguousarray = lambda a: host(np.ascontiguousarray(a))
+    cp.empty_like = lambda a: host(np.empty_like(a))
+    cp.empty = lambda shape, dtype: host(np.empty(shape, dtype))
+    cp.zeros = lambda shape, dtype: host(np.zeros(shape, dtype))
+    cp.RawModule = lambda path: types.SimpleNamespace(get_function=launcher)
+    return cp, cuda
+
+
+def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
+    """FusedLayerNorm's launches, checked against the PTX parameter list and the plan."""
+    ptx_types = {}
+    for f in kernels.KERNEL_FILES:
+        for name, r in ptx.inspect_ptx(kernels.compile_ptx(f, "sm_80")).items():
+            ptx_types[name] = r.param_types
+    launches = []
+    cp, cuda = _fake_cupy(launches, ptx_types)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
+    assert gpu.available() == (True, "stand-in")
+    fused = gpu.FusedLayerNorm()
+    for rows, D, dtype in [(37, 7, np.float16), (37, 1027, np.float32), (40, 8192, np.float16)]:
+        inp = check.make_inputs(rows, D, dtype, seed=1)
+        p = kernels.plan(rows, D, dtype)
+        launches.clear()
+        y, mean, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"], eps=1e-3)
+        name, grid, block, args = launches[0]
+        assert name == p.kernel("forward") and block == (p.block,) and grid == (p.forward_grid,)
+        rows_per_block = p.block // p.threads_per_row
+        assert grid[0] * rows_per_block >= rows > (grid[0] - 1) * rows_per_block
+        named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[0])[name], args))
+        np.testing.assert_array_equal(named["x"], inp["x"])
+        assert named["y"] is y and named["mean"] is mean and named["rstd"] is rstd
+        assert (named["rows"], named["D"], named["eps"]) == (rows, D, np.float32(1e-3))
+
+        launches.clear()
+        dx, dgamma, dbeta = fused.backward(inp["dy"], inp["x"], inp["gamma"], mean, rstd)
+        (name, grid, block, args), (rname, rgrid, rblock, rargs) = launches
+        assert name == p.kernel("backward") and block == (p.block,) and grid == (p.backward_grid,)
+        named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[name], args))
+        np.testing.assert_array_equal(named["dy"], inp["dy"])
+        np.testing.assert_array_equal(named["x"], inp["x"])
+        assert named["dx"] is dx and named["dgamma_part"].shape == (p.row_groups, D)
+        assert (named["rows_per_group"], named["row_groups"]) == (p.rows_per_group, p.row_groups)
+        groups_per_block = p.block // p.threads_per_row
+        assert grid[0] * groups_per_block >= p.row_groups
+        reduce_named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[rname], rargs))
+        assert rname == "ln_bwd_reduce_params" and rblock == (32, C["LN_REDUCE_SLICES"])
+        assert rgrid[0] * 32 >= D > (rgrid[0] - 1) * 32
+        assert reduce_named["dgamma_part"] is named["dgamma_part"]
+        assert reduce_named["dgamma"] is dgamma and reduce_named["dbeta"] is dbeta

@@ -1,0 +1,503 @@
+"""Tests for lnorm.gradcheck: each estimator on functions with known gradients,
+the three gradients of lnorm.backward, wrong gradients, inputs left unchanged,
+and clear errors for bad arguments."""
+
+import numpy as np
+import pytest
+
+import lnorm
+from lnorm import gradcheck
+from lnorm.gradcheck import (
+    StepTooSmallError,
+    central_difference,
+    check_gradients,
+    compare_gradients,
+    complex_step,
+    directional_check,
+    step_sweep,
+)
+
+U64 = 2.0 ** -53
+
+
+# --- functions with known gradients ---------------------------------------------
+
+def cubic(a, b):
+    """A polynomial of degree three: sum(a**2 * b) + sum(b**3)."""
+    return (a * a * b).sum() + (b * b * b).sum()
+
+
+def cubic_grad(a, b):
+    return [2 * a * b, a * a + 3 * b * b]
+
+
+def smooth(a, b):
+    """Not a polynomial: sum(sin(a) exp(b)) + sum(log(1 + a**2)); complex-safe."""
+    return (np.sin(a) * np.exp(b)).sum() + np.log(1 + a * a).sum()
+
+
+def smooth_grad(a, b):
+    return [np.cos(a) * np.exp(b) + 2 * a / (1 + a * a), np.sin(a) * np.exp(b)]
+
+
+def rel_error(g, r):
+    """The chapter's relative error, computed independently of the module."""
+    return np.abs(g - r).max() / max(np.abs(g).max(), np.abs(r).max())
+
+
+@pytest.fixture
+def ab():
+    rng = np.random.default_rng(10)
+    return [rng.normal(size=(3, 4)), rng.normal(0.0, 0.5, size=(3, 4))]
+
+
+@pytest.fixture
+def layernorm_case():
+    """(2, 3, 8) with gamma far from 1 and nonzero beta, and its gradients."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, 3, 8))
+    gamma = rng.normal(1.0, 0.5, size=8)
+    beta = rng.normal(0.0, 0.5, size=8)
+    dy = rng.normal(size=(2, 3, 8))
+    grads = lnorm.backward(dy, lnorm.forward(x, gamma, beta)[1])
+    return [x, gamma, beta], dy, list(grads)
+
+
+def sign_bug(grads, arrays, dy):
+    """dx with + instead of - before xhat * mean(g * xhat); dgamma, dbeta right."""
+    x, gamma, beta = arrays
+    cache = lnorm.forward(x, gamma, beta)[1]
+    xhat, rstd = cache.xhat, cache.rstd[..., None]
+    g = gamma * dy
+    wrong = grads[0] + 2 * rstd * xhat * (g * xhat).mean(axis=-1, keepdims=True)
+    return [wrong, grads[1], grads[2]]
+
+
+# --- central differences ----------------------------------------------------------
+
+@pytest.mark.parametrize("f, grad", [(cubic, cubic_grad), (smooth, smooth_grad)])
+def test_central_difference_matches_known_gradients(ab, f, grad):
+    est = central_difference(f, ab)
+    for e, g in zip(est, grad(*ab)):
+        assert e.shape == g.shape and e.dtype == np.float64
+        assert rel_error(g, e) < 1e-9
+
+
+def test_central_difference_error_falls_as_h_squared():
+    a = [np.array([0.3, 1.1, -0.7])]
+    exact = np.cos(a[0])
+    err = [np.abs(central_difference(lambda v: np.sin(v).sum(), a, h)[0] - exact).max()
+           for h in (1e-2, 1e-3)]
+    # Truncation h**2 |sin'''| / 6: a tenth of the step, a hundredth of the error.
+    assert 80 < err[0] / err[1] < 120
+
+
+def test_central_difference_is_exact_for_a_quadratic_even_with_a_large_step():
+    # The h**2 term needs a third derivative; a one-sided quotient would be off by h/2 * f''.
+    a = [np.array([0.5, -2.0, 3.0])]
+    est = central_difference(lambda v: (v * v).sum(), a, h=0.5)[0]
+    np.testing.assert_allclose(est, 2 * a[0], rtol=0, atol=1e-14)
+
+
+def test_central_difference_divides_by_the_step_actually_taken():
+    # In float32, a + h is rounded; dividing by 2h instead would not give exactly 1.
+    a = [np.array([1.1, 3.7, 100.3], dtype=np.float32)]
+    est = central_difference(lambda v: v.astype(np.float64).sum(), a, h=1e-3)[0]
+    assert np.all(est == 1.0)
+    naive = (np.float64(a[0] + np.float32(1e-3)) - np.float64(a[0] - np.float32(1e-3))) / 2e-3
+    assert np.any(naive != 1.0)  # the correction matters for these values
+
+
+def test_central_difference_refuses_a_step_below_the_spacing():
+    a = [np.array([1.0, 2.0], dtype=np.float32)]
+    with pytest.raises(StepTooSmallError, match="rounds to x"):
+        central_difference(lambda v: v.sum(), a, h=1e-12)
+    assert issubclass(StepTooSmallError, ValueError)
+
+
+def test_default_step_and_tolerances():
+    assert gradcheck.unit_roundoff(np.float64) == U64
+    assert gradcheck.unit_roundoff(np.float32) == 2.0 ** -24
+    assert gradcheck.default_step("central", np.float64) == pytest.approx(U64 ** (1 / 3))
+    assert gradcheck.default_step("central", np.float32) == pytest.approx(2.0 ** (-8))
+    assert gradcheck.default_step("complex") == 1e-30
+    assert gradcheck.default_tolerance("central") == 1e-8
+    assert gradcheck.default_tolerance("complex") == 1e-13
+    assert gradcheck.default_tolerance("complex", directional=True) == 1e-12
+
+
+# --- complex step --------------------------------------------------------------------
+
+@pytest.mark.parametrize("f, grad", [(cubic, cubic_grad), (smooth, smooth_grad)])
+def test_complex_step_matches_known_gradients_to_machine_precision(ab, f, grad):
+    for e, g in zip(complex_step(f, ab), grad(*ab)):
+        assert rel_error(g, e) < 8 * U64
+
+
+def test_complex_step_does_not_depend_on_a_tiny_h(ab):
+    ref = complex_step(smooth, ab, h=1e-30)
+    for h in (1e-100, 1e-200):
+        for e, r in zip(complex_step(smooth, ab, h=h), ref):
+            assert rel_error(r, e) < 4 * U64
+
+
+def test_complex_step_refuses_a_loss_that_drops_the_imaginary_part(ab):
+    with pytest.raises(TypeError, match="complex-safe"):
+        complex_step(lambda a, b: (np.abs(a) ** 2).sum() + b.sum(), ab)
+
+
+def test_complex_step_on_float32_inputs_uses_complex64():
+    a = [np.array([0.3, -1.2, 2.0], dtype=np.float32)]
+    seen = []
+
+    def f(v):
+        seen.append(v.dtype)
+        return np.sin(v).sum()
+
+    est = complex_step(f, a)[0]
+    assert set(seen) == {np.dtype(np.complex64)}
+    assert rel_error(np.cos(a[0].astype(np.float64)), est) < 1e-6
+
+
+# --- the three gradients of lnorm.backward ----------------------------------------------
+
+def test_layernorm_gradients_pass_central_differences(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    r = check_gradients(gradcheck.layernorm_loss(dy), grads, arrays, names=("x", "gamma", "beta"))
+    assert r.passed and r.tol == 1e-8
+    assert r.n_evaluations == 2 * (48 + 8 + 8)
+    assert [a.name for a in r.arguments] == ["x", "gamma", "beta"]
+    assert all(a.max_rel_error < 1e-8 for a in r.arguments)
+
+
+def test_layernorm_gradients_pass_the_complex_step(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    r = check_gradients(gradcheck.layernorm_loss(dy), grads, arrays, method="complex")
+    assert r.passed and r.tol == 1e-13
+    assert r.n_evaluations == 48 + 8 + 8
+    assert r.max_rel_error < 1e-13
+
+
+def test_layernorm_float32_loss_passes_central_differences(layernorm_case):
+    arrays, dy, _ = layernorm_case
+    arrays32 = [a.astype(np.float32) for a in arrays]
+    exact = lnorm.backward(dy, lnorm.forward(*[a.astype(np.float64) for a in arrays32])[1])
+    r = check_gradients(gradcheck.layernorm_loss(dy.astype(np.float32)), list(exact), arrays32)
+    assert r.h == pytest.approx(2.0 ** -8) and r.tol == 1e-3
+    # Near the optimum the error is of order u32**(2/3) = 1.5e-5.
+    assert r.passed and r.max_rel_error < 2e-4
+
+
+@pytest.mark.parametrize("method, tol", [("central", 1e-8), ("complex", 1e-12)])
+def test_layernorm_gradients_pass_the_directional_check(method, tol):
+    rng = np.random.default_rng(12)
+    x = rng.normal(size=(4, 16, 64))
+    gamma, beta = rng.normal(1.0, 0.5, size=64), rng.normal(size=64)
+    dy = rng.normal(size=x.shape)
+    grads = list(lnorm.backward(dy, lnorm.forward(x, gamma, beta)[1]))
+    r = directional_check(gradcheck.layernorm_loss(dy), grads, [x, gamma, beta],
+                          np.random.default_rng(0), method=method)
+    assert r.passed and r.tol == tol
+    assert r.rel_error < tol
+    assert r.n_elements == x.size + 128
+    assert abs(r.analytic) > 0.01 * r.scale  # the direction is not degenerate
+
+
+def test_directional_check_costs_two_evaluations_whatever_the_size():
+    calls = []
+
+    def f(a, b):
+        calls.append(a.shape)
+        return smooth(a, b)
+
+    for shape in [(3,), (64, 256)]:
+        rng = np.random.default_rng(1)
+        a, b = rng.normal(size=shape), rng.normal(size=shape)
+        calls.clear()
+        r = directional_check(f, smooth_grad(a, b), [a, b], rng)
+        assert len(calls) == 2 and r.n_evaluations == 2
+        assert r.passed
+        calls.clear()
+        r = directional_check(f, smooth_grad(a, b), [a, b], rng, method="complex")
+        assert len(calls) == 1 and r.n_evaluations == 1
+        assert r.rel_error < 1e-13
+
+
+def test_directional_check_with_none_perturbs_only_the_other_arguments(ab):
+    seen = []
+
+    def f(a, b):
+        seen.append((a.copy(), b.copy()))
+        return smooth(a, b)
+
+    g = smooth_grad(*ab)
+    r = directional_check(f, [None, g[1]], ab, np.random.default_rng(2), names=("a", "b"))
+    assert r.passed and r.names == ("b",) and r.n_elements == ab[1].size
+    for a_seen, b_seen in seen:
+        assert np.array_equal(a_seen, ab[0])
+        assert not np.array_equal(b_seen, ab[1])
+
+
+def test_directional_check_is_reproducible_with_a_seeded_rng(ab):
+    g = smooth_grad(*ab)
+    r1 = directional_check(smooth, g, ab, np.random.default_rng(7))
+    r2 = directional_check(smooth, g, ab, np.random.default_rng(7))
+    assert r1.numeric == r2.numeric and r1.analytic == r2.analytic
+
+
+# --- wrong gradients fail every method ---------------------------------------------------
+
+def test_a_sign_bug_fails_every_method(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    wrong = sign_bug(grads, arrays, dy)
+    loss = gradcheck.layernorm_loss(dy)
+    names = ("x", "gamma", "beta")
+    for method in ("central", "complex"):
+        r = check_gradients(loss, wrong, arrays, method=method, names=names)
+        assert not r.passed
+        assert r.max_rel_error > 0.1
+        by_name = {a.name: a for a in r.arguments}
+        assert by_name["x"].max_rel_error > 0.1          # the bug is in dx ...
+        assert by_name["gamma"].max_rel_error < r.tol    # ... and only there
+        assert by_name["beta"].max_rel_error < r.tol
+        assert r.worst[0] == "x"
+        assert "FAIL" in repr(r) and "<- FAIL" in repr(r)
+    for method in ("central", "complex"):
+        r = directional_check(loss, wrong, arrays, np.random.default_rng(3), method=method)
+        assert not r.passed and r.rel_error > 1e-3
+    hs = np.logspace(-1, -10, 10)
+    for method in ("central", "complex"):
+        sweep = step_sweep(loss, arrays, hs, reference=wrong, method=method)
+        assert sweep.best_rel_error > 0.1   # a floor no step moves
+
+
+def test_a_wrong_gradient_of_a_known_function_fails_every_method(ab):
+    g = smooth_grad(*ab)
+    wrong = [g[0], 1.01 * g[1]]   # a 1% error in one argument
+    assert not check_gradients(smooth, wrong, ab).passed
+    assert not check_gradients(smooth, wrong, ab, method="complex").passed
+    assert not directional_check(smooth, wrong, ab, np.random.default_rng(4)).passed
+    assert not directional_check(smooth, wrong, ab, np.random.default_rng(4), method="complex").passed
+
+
+def test_a_zero_gradient_has_relative_error_one(ab):
+    g = smooth_grad(*ab)
+    r = check_gradients(smooth, [np.zeros_like(g[0]), g[1]], ab)
+    assert r.arguments[0].max_rel_error == pytest.approx(1.0)
+    d = directional_check(smooth, [np.zeros_like(g[0]), None], ab, np.random.default_rng(5))
+    assert d.rel_error == pytest.approx(1.0)
+
+
+# --- the relative error and the report -------------------------------------------------------
+
+def test_relative_error_is_against_the_largest_entry_not_elementwise():
+    g = [np.array([1.0, 1e-8])]
+    r = compare_gradients(g, [np.array([1.0, 2e-8])], tol=1e-6)
+    # Elementwise the second entry is 50% off; against the scale of the gradient, 1e-8.
+    assert r.max_rel_error == pytest.approx(1e-8)
+    assert r.passed and r.worst == ("arg0", (1,))
+
+
+def test_relative_error_of_two_zero_gradients_is_zero():
+    r = compare_gradients([np.zeros(3)], [np.zeros(3)], tol=1e-12)
+    assert r.max_rel_error == 0.0 and r.passed
+
+
+def test_nan_in_a_gradient_fails():
+    r = compare_gradients([np.array([1.0, np.nan])], [np.array([1.0, 2.0])], tol=1e-3)
+    assert not r.passed and np.isnan(r.max_rel_error)
+    assert r.worst == ("arg0", (1,))
+
+
+def test_repr_states_the_verdict_the_tolerance_and_the_denominator(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    text = repr(check_gradients(gradcheck.layernorm_loss(dy), grads, arrays,
+                                names=("x", "gamma", "beta")))
+    assert "PASS" in text and "FAIL" not in text
+    assert "tol 1e-08" in text and "128 evaluations" in text
+    assert "max(max|g|, max|estimate|)" in text
+    for name in ("x", "gamma", "beta"):
+        assert f"\n  {name} " in text
+    d = directional_check(smooth, smooth_grad(*[np.ones(3), np.ones(3)]), [np.ones(3), np.ones(3)],
+                          np.random.default_rng(0))
+    assert "PASS" in repr(d) and "2 evaluations" in repr(d)
+
+
+# --- the step sweep ------------------------------------------------------------------------------
+
+def test_step_sweep_shows_the_u_curve_near_the_predicted_optimum(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    hs = np.logspace(0, -12, 25)
+    sweep = step_sweep(gradcheck.layernorm_loss(dy), arrays, hs, reference=grads)
+    assert sweep.predicted_h == pytest.approx(U64 ** (1 / 3))
+    assert 1e-7 <= sweep.best_h <= 1e-4
+    assert sweep.best_rel_error < 1e-9
+    # Both walls of the U: truncation on the right, rounding on the left.
+    assert sweep.max_rel_error[0] > 1e4 * sweep.best_rel_error
+    assert sweep.max_rel_error[-1] > 1e3 * sweep.best_rel_error
+
+
+def test_step_sweep_default_reference_is_the_complex_step(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    hs = [1e-2, 1e-5]
+    loss = gradcheck.layernorm_loss(dy)
+    default = step_sweep(loss, arrays, hs)
+    explicit = step_sweep(loss, arrays, hs, reference=grads)
+    np.testing.assert_allclose(default.max_rel_error, explicit.max_rel_error, rtol=1e-3, atol=1e-14)
+
+
+def test_step_sweep_in_float32_marks_too_small_steps_as_nan(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    arrays32 = [a.astype(np.float32) for a in arrays]
+    hs = np.array([1e-2, 1e-4, 1e-12])
+    sweep = step_sweep(gradcheck.layernorm_loss(dy.astype(np.float32)), arrays32, hs,
+                       reference=grads)
+    assert np.isnan(sweep.max_rel_error[-1])
+    assert np.all(np.isfinite(sweep.max_rel_error[:2]))
+    assert sweep.best_h == 1e-2  # near u32**(1/3) = 3.9e-3, not at the small step
+    assert sweep.dtype == np.float32
+
+
+# --- inputs are never modified ---------------------------------------------------------------------
+
+def _snapshot(arrays):
+    return [a.copy() for a in arrays]
+
+
+def test_no_method_modifies_its_inputs(layernorm_case):
+    arrays, dy, grads = layernorm_case
+    before, grads_before = _snapshot(arrays), _snapshot(grads)
+    loss = gradcheck.layernorm_loss(dy)
+    check_gradients(loss, grads, arrays)
+    check_gradients(loss, grads, arrays, method="complex")
+    central_difference(loss, arrays)
+    complex_step(loss, arrays)
+    directional_check(loss, grads, arrays, np.random.default_rng(0))
+    directional_check(loss, grads, arrays, np.random.default_rng(0), method="complex")
+    step_sweep(loss, arrays, [1e-3, 1e-6])
+    for a, b in zip(arrays + grads, before + grads_before):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("run", [
+    lambda f, arrays: central_difference(f, arrays),
+    lambda f, arrays: complex_step(f, arrays),
+    lambda f, arrays: directional_check(f, [np.ones(3), np.ones(3)], arrays, np.random.default_rng(0)),
+])
+def test_inputs_unchanged_when_f_raises_midway(run):
+    arrays = [np.array([1.0, 2.0, 3.0]), np.array([4.0, 5.0, 6.0])]
+    before = _snapshot(arrays)
+    calls = []
+
+    def f(a, b):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("loss failed")
+        return (a * b).sum()
+
+    with pytest.raises(RuntimeError, match="loss failed"):
+        run(f, arrays)
+    for a, b in zip(arrays, before):
+        assert np.array_equal(a, b)
+
+
+def test_inputs_unchanged_when_f_writes_into_its_arguments():
+    arrays = [np.array([1.0, 2.0, 3.0])]
+
+    def f(a):
+        value = (a * a).sum()
+        a[...] = 0.0  # a badly behaved loss
+        return value
+
+    central_difference(f, arrays)
+    directional_check(f, [2 * np.array([1.0, 2.0, 3.0])], arrays, np.random.default_rng(0))
+    assert np.array_equal(arrays[0], [1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("method", ["central", "complex"])
+def test_directional_check_gives_f_copies_of_the_unperturbed_arguments(method):
+    arrays = [np.array([1.0, 2.0]), np.array([3.0, 4.0])]
+
+    def f(a, b):
+        value = (a * b).sum()
+        a[...] = -1.0  # a badly behaved loss writes into both arguments
+        b[...] = -1.0
+        return value
+
+    r = directional_check(f, [None, np.array([1.0, 2.0])], arrays,
+                          np.random.default_rng(0), method=method)
+    assert r.passed
+    assert np.array_equal(arrays[0], [1.0, 2.0]) and np.array_equal(arrays[1], [3.0, 4.0])
+
+
+def test_layernorm_loss_copies_dy():
+    dy = np.ones((1, 4))
+    loss = gradcheck.layernorm_loss(dy)
+    args = [np.array([[1.0, 2.0, 4.0, 8.0]]), np.full(4, 2.0), np.full(4, 0.5)]
+    before = loss(*args)
+    dy[...] = 5.0
+    assert loss(*args) == before
+
+
+# --- bad arguments get clear errors ------------------------------------------------------------------
+
+@pytest.mark.parametrize("h", [0.0, -1e-6, np.nan, np.inf])
+def test_bad_step_is_a_value_error(ab, h):
+    with pytest.raises(ValueError, match="h must be finite and > 0"):
+        central_difference(smooth, ab, h=h)
+    with pytest.raises(ValueError, match="h must be finite and > 0"):
+        complex_step(smooth, ab, h=h)
+    with pytest.raises(ValueError, match="h must be finite and > 0"):
+        directional_check(smooth, smooth_grad(*ab), ab, np.random.default_rng(0), h=h)
+
+
+def test_step_of_the_wrong_type_is_a_type_error(ab):
+    with pytest.raises(TypeError, match="h must be a real number"):
+        central_difference(smooth, ab, h="1e-6")
+
+
+def test_gradient_shape_mismatch_names_the_argument(ab):
+    g = smooth_grad(*ab)
+    with pytest.raises(ValueError, match=r"grads\[1\] has shape \(4, 3\)"):
+        check_gradients(smooth, [g[0], g[1].T], ab)
+    with pytest.raises(ValueError, match=r"grads\[1\] has shape"):
+        directional_check(smooth, [g[0], g[1][:2]], ab, np.random.default_rng(0))
+
+
+def test_wrong_number_of_gradients_is_a_value_error(ab):
+    with pytest.raises(ValueError, match="grads has 1 entries but arrays has 2"):
+        check_gradients(smooth, [smooth_grad(*ab)[0]], ab)
+    with pytest.raises(ValueError, match="all None"):
+        check_gradients(smooth, [None, None], ab)
+
+
+def test_arrays_must_be_a_list_of_floating_arrays(ab):
+    with pytest.raises(TypeError, match="list or tuple of arrays"):
+        central_difference(lambda a: a.sum(), ab[0])
+    with pytest.raises(TypeError, match=r"arrays\[0\] must have a real floating dtype"):
+        central_difference(lambda a: a.sum(), [np.arange(3)])
+    with pytest.raises(ValueError, match="at least one array"):
+        central_difference(lambda: 0.0, [])
+
+
+def test_f_must_return_a_scalar(ab):
+    with pytest.raises(ValueError, match="scalar loss"):
+        central_difference(lambda a, b: a * b, ab)
+    with pytest.raises(ValueError, match="scalar loss"):
+        complex_step(lambda a, b: a * b, ab)
+
+
+def test_bad_tolerance_method_rng_and_sweep_arguments(ab):
+    g = smooth_grad(*ab)
+    with pytest.raises(ValueError, match="tol must be finite and > 0"):
+        check_gradients(smooth, g, ab, tol=0.0)
+    with pytest.raises(ValueError, match="method must be 'central' or 'complex'"):
+        check_gradients(smooth, g, ab, method="forward")
+    with pytest.raises(TypeError, match="numpy.random.Generator"):
+        directional_check(smooth, g, ab, 0)
+    with pytest.raises(ValueError, match="non-empty"):
+        step_sweep(smooth, ab, [])
+    with pytest.raises(ValueError, match="every step in hs must be finite and > 0"):
+        step_sweep(smooth, ab, [1e-3, 0.0])
+    with pytest.raises(ValueError, match="names has 1 entries"):
+        check_gradients(smooth, g, ab, names=("a",))
