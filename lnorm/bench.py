@@ -41,7 +41,15 @@ try:  # POSIX only: page faults are counted where it exists
 except ImportError:  # pragma: no cover - Windows
     resource = None
 
-from .core import backward, forward, tile_rows
+from .core import (
+    SUPPORTED_DTYPES,
+    _check_int,
+    backward,
+    backward_formula,
+    forward,
+    forward_formula,
+    tile_rows,
+)
 from .cost import traffic
 
 __all__ = [
@@ -51,7 +59,6 @@ __all__ = [
     "reference_forward",
     "reference_backward",
     "copy_bandwidth",
-    "median_time",
     "time_round_robin",
     "make_inputs",
     "floor_bytes",
@@ -68,66 +75,36 @@ IMPLEMENTATIONS = ("reference", "plain", "tiled")
 EPS = 1e-5
 
 
-# --- the seed-style reference: one temporary per operator ------------------------
+# --- the straightforward reference: one temporary per operator --------------------
 #
-# These two functions are the program lnorm.cost.numpy_program spells out step
-# by step (tests/test_cost.py checks that every step appears here verbatim), so
-# the "numpy" schedule of the traffic model counts exactly what they move.
+# The program lnorm.cost.numpy_program spells out step by step is the code of
+# lnorm.core.forward_formula and lnorm.core.backward_formula (tests/test_cost.py
+# checks that every step appears there verbatim), so the "numpy" schedule of
+# the traffic model counts exactly what these two functions move.
 
 def reference_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = EPS):
     """Layer norm as straightforward NumPy, in the input dtype.
 
-    Returns ``y`` and ``(xhat, rstd)`` (2-D, ``rstd`` of shape ``(rows, 1)``)
-    for :func:`reference_backward`.
+    :func:`lnorm.core.forward_formula` on the rows of ``x``. Returns ``y`` and
+    ``(xhat, rstd)`` (2-D, ``rstd`` of shape ``(rows, 1)``) for
+    :func:`reference_backward`.
     """
-    D = x.shape[-1]
-    x = x.reshape(-1, D)
-    mean = x.mean(axis=-1, keepdims=True)
-    xc = x - mean
-    sq = xc * xc
-    var = sq.mean(axis=-1, keepdims=True)
-    rstd = 1.0 / np.sqrt(var + eps)
-    xhat = xc * rstd
-    scaled = gamma * xhat
-    y = scaled + beta
+    y, _, rstd, xhat = forward_formula(x.reshape(-1, x.shape[-1]), gamma, beta, eps)
     return y, (xhat, rstd)
 
 
 def reference_backward(dy: np.ndarray, saved, gamma: np.ndarray):
     """The compact backward as straightforward NumPy, in the input dtype.
 
-    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with ``g = gamma * dy``;
-    ``dy * xhat`` is formed once for ``dgamma`` and ``mean(g * xhat)``.
-    Returns ``dx`` (2-D), ``dgamma``, ``dbeta``.
+    :func:`lnorm.core.backward_formula` on the rows of ``dy``, from the
+    ``(xhat, rstd)`` of :func:`reference_forward`. Returns ``dx`` (2-D),
+    ``dgamma``, ``dbeta``.
     """
     xhat, rstd = saved
-    D = xhat.shape[-1]
-    dy = dy.reshape(-1, D)
-    g = dy * gamma
-    dy_xhat = dy * xhat
-    mean_g = g.sum(axis=-1, keepdims=True) / D
-    mean_gxhat = (dy_xhat @ gamma)[:, None] / D
-    u = g - mean_g
-    t = xhat * mean_gxhat
-    v = u - t
-    dx = rstd * v
-    dgamma = dy_xhat.sum(axis=0)
-    dbeta = dy.sum(axis=0)
-    return dx, dgamma, dbeta
+    return backward_formula(dy.reshape(-1, xhat.shape[-1]), xhat, gamma, rstd)
 
 
 # --- measuring --------------------------------------------------------------------
-
-def median_time(fn: Callable[[], object], repeat: int) -> float:
-    """Median wall time of ``fn()`` over ``repeat`` calls, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
 
 def copy_bandwidth(nbytes: int = 64 * 2**20, repeat: int = 7) -> float:
     """Copy bandwidth in bytes per second: ``2 * nbytes / median time`` of ``np.copyto``.
@@ -137,11 +114,19 @@ def copy_bandwidth(nbytes: int = 64 * 2**20, repeat: int = 7) -> float:
     """
     src = np.ones(nbytes // 8, dtype=np.float64)
     dst = np.empty_like(src)
-    return 2.0 * src.nbytes / median_time(lambda: np.copyto(dst, src), repeat)
+    seconds, _ = time_round_robin({"copy": lambda: np.copyto(dst, src)}, repeat)
+    return 2.0 * src.nbytes / seconds["copy"]
 
 
 def make_inputs(shape: Sequence[int], dtype, seed: int = 0):
-    """Seeded ``x, gamma, beta, dy`` of the given shape and dtype."""
+    """Seeded ``x, gamma, beta, dy``: ``x`` and ``dy`` of ``shape``, ``gamma`` and ``beta`` of ``(D,)``.
+
+    Normal draws, in this order from ``numpy.random.default_rng(seed)``:
+    ``x`` with mean 0.5 and standard deviation 2 (an offset the centring
+    must remove), ``gamma`` with mean 1 and deviation 0.3, ``beta`` with
+    mean 0 and deviation 0.3, ``dy`` standard. Values a float16 holds with
+    room to spare; converted to ``dtype`` last.
+    """
     rng = np.random.default_rng(seed)
     D = shape[-1]
     x = rng.normal(0.5, 2.0, size=shape).astype(dtype)
@@ -183,7 +168,9 @@ def _page_faults() -> int | None:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def time_round_robin(calls: dict, repeat: int) -> tuple[dict, dict]:
+def time_round_robin(
+    calls: dict[object, Callable[[], object]], repeat: int
+) -> tuple[dict, dict]:
     """Median time and median page faults of each callable, timed in turn.
 
     ``calls`` maps keys to zero-argument callables. After one warm-up call of
@@ -230,7 +217,7 @@ def run(
     block_rows : int, optional
         Rows per block of the tiled implementation (default ``tile_rows(D)``).
     bandwidth : float, optional
-        Copy bandwidth in bytes/s; measured if not given.
+        Copy bandwidth in bytes/s; measured (``repeat`` times) if not given.
 
     Returns
     -------
@@ -241,13 +228,12 @@ def run(
         (the median number of minor page faults per call; None where the
         ``resource`` module is missing).
     """
-    if isinstance(repeat, bool) or not isinstance(repeat, int) or repeat < 1:
-        raise ValueError(f"repeat must be a positive integer; got {repeat!r}.")
+    repeat = _check_int(repeat, "repeat", 1)
     for dt in dtypes:
-        if np.dtype(dt) not in (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)):
+        if np.dtype(dt) not in SUPPORTED_DTYPES:
             raise ValueError(f"dtypes must be float16, float32 or float64; got {dt!r}.")
     if bandwidth is None:
-        bandwidth = copy_bandwidth()
+        bandwidth = copy_bandwidth(repeat=repeat)
     results = []
     for shape in shapes:
         shape = tuple(int(s) for s in shape)
@@ -387,8 +373,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     shapes = args.shape or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     dtypes = args.dtype or (("float32",) if args.quick else ("float32", "float64"))
     repeat = args.repeat or (3 if args.quick else 7)
-    bandwidth = copy_bandwidth(repeat=repeat)
-    report = run(shapes, dtypes, repeat=repeat, block_rows=args.block_rows, bandwidth=bandwidth)
+    report = run(shapes, dtypes, repeat=repeat, block_rows=args.block_rows)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["LayerNormCache", "forward", "backward", "forward_formula", "tile_rows"]
+__all__ = ["LayerNormCache", "forward", "backward", "forward_formula", "backward_formula", "tile_rows"]
 
 #: Floating dtypes the public functions accept.
 SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
@@ -110,6 +110,39 @@ def _as_float_array(a, name: str) -> np.ndarray:
     return arr
 
 
+def _as_rows(a, name: str) -> np.ndarray:
+    """``a`` as a floating array of rows, shape (..., D) with D >= 1, or raise."""
+    arr = _as_float_array(a, name)
+    if arr.ndim == 0:
+        raise ValueError(
+            f"{name} must have at least one dimension, shape (..., D); got a 0-d array. "
+            f"Reshape a single value to {name}.reshape(1, 1) if that is what you mean."
+        )
+    if arr.shape[-1] < 1:
+        raise ValueError(f"{name} must have a last axis of length D >= 1; got D = 0.")
+    return arr
+
+
+def _check_cache(cache) -> LayerNormCache:
+    if not isinstance(cache, LayerNormCache):
+        raise TypeError(
+            f"cache must be the LayerNormCache returned by lnorm.forward; got {type(cache).__name__}."
+        )
+    return cache
+
+
+def _check_dy(dy, cache) -> np.ndarray:
+    """``dy`` as a floating array of the shape the cache records, or raise."""
+    _check_cache(cache)
+    dy = _as_float_array(dy, "dy")
+    if dy.shape != cache.shape:
+        raise ValueError(
+            f"dy must have the shape of x, {cache.shape}, as recorded in the cache; got {dy.shape}. "
+            "Pass the gradient of the loss with respect to this forward's output y."
+        )
+    return dy
+
+
 def _check_eps(eps) -> float:
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
         raise TypeError(f"eps must be a real number such as 1e-5; got {type(eps).__name__}.")
@@ -120,6 +153,15 @@ def _check_eps(eps) -> float:
             "Use a small positive value such as 1e-5."
         )
     return eps
+
+
+def _check_int(value, name: str, minimum: int, hint: str = "") -> int:
+    """``value`` as an int >= ``minimum``, or a TypeError / ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer; got {type(value).__name__}. {hint}".rstrip())
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}; got {value}. {hint}".rstrip())
+    return int(value)
 
 
 def _check_param(p, name: str, D: int) -> np.ndarray:
@@ -151,12 +193,60 @@ def forward_formula(x, gamma, beta, eps: float = 1e-5):
     y, mean, rstd, xhat
         ``mean`` and ``rstd`` have shape ``x.shape[:-1] + (1,)``.
     """
+    # Each full-size operation on a line of its own, with a named temporary:
+    # lnorm.cost counts the memory traffic of exactly these lines.
     mean = x.mean(axis=-1, keepdims=True)
     xc = x - mean
-    var = (xc * xc).mean(axis=-1, keepdims=True)
+    sq = xc * xc
+    var = sq.mean(axis=-1, keepdims=True)
     rstd = 1.0 / np.sqrt(var + eps)
     xhat = xc * rstd
-    return gamma * xhat + beta, mean, rstd, xhat
+    scaled = gamma * xhat
+    y = scaled + beta
+    return y, mean, rstd, xhat
+
+
+def backward_formula(dy, xhat, gamma, rstd):
+    """The compact backward as plain NumPy, in the dtype of its arguments.
+
+    .. math::
+
+        g = \\gamma \\odot dy, \\qquad
+        dx = \\mathrm{rstd}\\,\\bigl(g - \\overline{g} - \\hat x\\,\\overline{g\\hat x}\\bigr),
+        \\qquad d\\gamma = \\sum_{\\text{rows}} dy \\odot \\hat x,
+        \\qquad d\\beta = \\sum_{\\text{rows}} dy .
+
+    No validation and no dtype policy: :func:`backward` calls it on float64
+    copies; the stability chapter and the benchmark's reference call it on
+    float32 arrays. ``dy * xhat`` is formed once and serves both ``dgamma`` and
+    ``mean(g * xhat) = (dy * xhat) @ gamma / D``.
+
+    Parameters
+    ----------
+    dy, xhat : ndarray, shape (..., D)
+    gamma : ndarray, shape (D,)
+    rstd : ndarray, shape (..., 1)
+
+    Returns
+    -------
+    dx : ndarray, shape (..., D)
+    dgamma, dbeta : ndarray, shape (D,), summed over every leading axis
+    """
+    # Each full-size operation on a line of its own, with a named temporary:
+    # lnorm.cost counts the memory traffic of exactly these lines.
+    D = xhat.shape[-1]
+    lead = tuple(range(dy.ndim - 1))
+    g = dy * gamma
+    dy_xhat = dy * xhat
+    mean_g = g.sum(axis=-1, keepdims=True) / D
+    mean_gxhat = (dy_xhat @ gamma)[..., None] / D
+    u = g - mean_g
+    t = xhat * mean_gxhat
+    v = u - t
+    dx = rstd * v
+    dgamma = dy_xhat.sum(axis=lead)
+    dbeta = dy.sum(axis=lead)
+    return dx, dgamma, dbeta
 
 
 def forward(
@@ -196,21 +286,15 @@ def forward(
     constant row exact (``xhat == 0``, ``y == beta``) and never moves a
     correctly rounded mean. See the module docstring for the dtype policy.
     """
-    x = _as_float_array(x, "x")
-    if x.ndim == 0:
-        raise ValueError(
-            "x must have at least one dimension, shape (..., D); got a 0-d array. "
-            "Reshape a single value to x.reshape(1, 1) if that is what you mean."
-        )
+    x = _as_rows(x, "x")
     D = x.shape[-1]
-    if D < 1:
-        raise ValueError("x must have a last axis of length D >= 1; got D = 0.")
     gamma = _check_param(gamma, "gamma", D)
     beta = _check_param(beta, "beta", D)
     eps = _check_eps(eps)
 
     if block_rows is not None:
-        return _forward_tiled(x, gamma, beta, eps, _check_block_rows(block_rows))
+        block_rows = _check_int(block_rows, "block_rows", 1, _BLOCK_HINT)
+        return _forward_tiled(x, gamma, beta, eps, block_rows)
     # Non-finite values propagate within their row (inf - inf = nan there);
     # that is the documented behaviour, not an event worth a warning.
     with np.errstate(invalid="ignore"):
@@ -282,34 +366,18 @@ def backward(
     before the final cast, not bit for bit, because the sums are associated
     differently.
     """
-    if not isinstance(cache, LayerNormCache):
-        raise TypeError(
-            f"cache must be the LayerNormCache returned by lnorm.forward; got {type(cache).__name__}."
-        )
-    dy = _as_float_array(dy, "dy")
-    if dy.shape != cache.shape:
-        raise ValueError(
-            f"dy must have the shape of x, {cache.shape}, as recorded in the cache; got {dy.shape}. "
-            "Pass the gradient of the loss with respect to this forward's output y."
-        )
+    dy = _check_dy(dy, cache)
     if block_rows is not None:
+        block_rows = _check_int(block_rows, "block_rows", 1, _BLOCK_HINT)
         with np.errstate(invalid="ignore"):
-            return _backward_tiled(dy, cache, _check_block_rows(block_rows))
-    D = cache.shape[-1]
-    gamma = cache.gamma.astype(ACC_DTYPE)
-    xhat = cache.xhat.astype(ACC_DTYPE)
-    dy64 = dy.astype(ACC_DTYPE)
-
+            return _backward_tiled(dy, cache, block_rows)
     with np.errstate(invalid="ignore"):  # non-finite rows stay non-finite, silently
-        dy_xhat = dy64 * xhat
-        g = dy64 * gamma
-        mean_g = g.sum(axis=-1, keepdims=True) / D
-        mean_gxhat = (dy_xhat @ gamma)[..., None] / D
-        dx = cache.rstd[..., None] * (g - mean_g - xhat * mean_gxhat)
-
-    lead = tuple(range(dy.ndim - 1))
-    dgamma = dy_xhat.sum(axis=lead)
-    dbeta = dy64.sum(axis=lead)
+        dx, dgamma, dbeta = backward_formula(
+            dy.astype(ACC_DTYPE),
+            cache.xhat.astype(ACC_DTYPE),
+            cache.gamma.astype(ACC_DTYPE),
+            cache.rstd[..., None],
+        )
     pdt = cache.gamma.dtype
     return dx.astype(cache.dtype), dgamma.astype(pdt), dbeta.astype(pdt)
 
@@ -336,8 +404,7 @@ TILE_BYTES = 4 * 2**20
 # more than they save on a block that is already in cache).
 _BLAS_SERIAL = 2**18
 
-# Float64 elements in a 64-byte cache line.
-_LINE = 8
+_BLOCK_HINT = "Pass None (all rows at once) or rows per block, e.g. lnorm.core.tile_rows(D)."
 
 # Float64 buffers of block_rows * D elements each tiled function keeps live.
 _TILE_BUFFERS = {"forward": 4, "backward": 4}
@@ -362,23 +429,11 @@ def tile_rows(D: int, *, direction: str = "backward", budget_bytes: int = TILE_B
     int
         ``max(1, budget_bytes // (buffers * 8 * D))``.
     """
-    if isinstance(D, (bool, np.bool_)) or not isinstance(D, numbers.Integral) or D < 1:
-        raise ValueError(f"D must be an integer >= 1; got {D!r}.")
+    D = _check_int(D, "D", 1, "D is the row length.")
     if direction not in _TILE_BUFFERS:
         raise ValueError(f"direction must be 'forward' or 'backward'; got {direction!r}.")
-    per_row = _TILE_BUFFERS[direction] * ACC_DTYPE.itemsize * int(D)
+    per_row = _TILE_BUFFERS[direction] * ACC_DTYPE.itemsize * D
     return max(1, int(budget_bytes) // per_row)
-
-
-def _check_block_rows(block_rows) -> int:
-    if isinstance(block_rows, (bool, np.bool_)) or not isinstance(block_rows, numbers.Integral):
-        raise TypeError(
-            f"block_rows must be a positive integer or None; got {type(block_rows).__name__}. "
-            "Use lnorm.core.tile_rows(D) for a cache-sized block."
-        )
-    if block_rows < 1:
-        raise ValueError(f"block_rows must be >= 1 (rows per block); got {block_rows}.")
-    return int(block_rows)
 
 
 def _forward_tiled(
@@ -427,6 +482,16 @@ def _backward_tiled(dy: np.ndarray, cache: LayerNormCache, block_rows: int):
     ``[dy * xhat; dy] @ gamma`` along the rows gives ``D * mean(g * xhat)``
     and ``D * mean(g)``, and ``ones @ [dy * xhat; dy]`` down the columns gives
     the block's share of ``dgamma`` and ``dbeta``.
+
+    Unlike :func:`_forward_tiled`, which runs the plain forward's
+    :func:`_forward64` on each block, this is a second form of the backward's
+    arithmetic, kept for speed: the plain backward's steps on a block make
+    thirteen passes over it and allocate eight fresh float64 arrays of its
+    size; this form makes eight passes, into buffers allocated once. In the
+    cost chapter's setting ((8, 512, 1024), float32, each at its best block
+    size) that made it 1.5 to 1.8 times faster than the plain steps run block
+    by block. ``tests/test_cost.py`` keeps the two forms equal to float64
+    rounding.
     """
     shape, D = cache.shape, cache.shape[-1]
     dy2 = dy.reshape(-1, D)
@@ -442,11 +507,7 @@ def _backward_tiled(dy: np.ndarray, cache: LayerNormCache, block_rows: int):
     minus_rstd_over_d = cache.rstd.reshape(-1, 1) * (-1.0 / D)
 
     m = max(1, min(block_rows, rows))
-    # Planes one cache line apart beyond their size: with a power-of-two plane
-    # size the three rows a matmul reads at once would map to the same cache
-    # sets and evict each other.
-    buf = np.empty((4, m * D + _LINE), dtype=ACC_DTYPE)
-    planes = buf[:, : m * D].reshape(4, m, D)
+    planes = np.empty((4, m, D), dtype=ACC_DTYPE)
     planes[3] = 1.0
     row_sums = np.empty((2, m), dtype=ACC_DTYPE)
     chunk = max(1, _BLAS_SERIAL // D)

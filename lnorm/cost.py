@@ -53,10 +53,11 @@ What the backward needs saved (``saved``)
 from __future__ import annotations
 
 import math
-import numbers
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
+
+from .core import _check_int
 
 __all__ = [
     "DIRECTIONS",
@@ -116,7 +117,8 @@ def _s(code, reads, writes, flops_full=1, flops_row=0) -> Step:
     return Step(code, tuple(reads.split()), tuple(writes.split()), flops_full, flops_row)
 
 
-# The forward, one temporary per operator (the code in lnorm.bench's reference).
+# The forward, one temporary per operator: the lines of lnorm.core.forward_formula,
+# which lnorm.bench's reference runs.
 _FORWARD = (
     _s("mean = x.mean(axis=-1, keepdims=True)", "x", "mean", 1, 1),
     _s("xc = x - mean", "x mean", "xc"),
@@ -129,18 +131,19 @@ _FORWARD = (
 )
 
 # The backward from xhat and rstd: the compact formula, dy * xhat formed once
-# for both dgamma and mean(g * xhat) = (dy * xhat) @ gamma / D.
+# for both dgamma and mean(g * xhat) = (dy * xhat) @ gamma / D (the lines of
+# lnorm.core.backward_formula).
 _BACKWARD = (
     _s("g = dy * gamma", "dy gamma", "g"),
     _s("dy_xhat = dy * xhat", "dy xhat", "dy_xhat"),
     _s("mean_g = g.sum(axis=-1, keepdims=True) / D", "g", "mean_g", 1, 1),
-    _s("mean_gxhat = (dy_xhat @ gamma)[:, None] / D", "dy_xhat gamma", "mean_gxhat", 2, 1),
+    _s("mean_gxhat = (dy_xhat @ gamma)[..., None] / D", "dy_xhat gamma", "mean_gxhat", 2, 1),
     _s("u = g - mean_g", "g mean_g", "u"),
     _s("t = xhat * mean_gxhat", "xhat mean_gxhat", "t"),
     _s("v = u - t", "u t", "v"),
     _s("dx = rstd * v", "rstd v", "dx"),
-    _s("dgamma = dy_xhat.sum(axis=0)", "dy_xhat", "dgamma"),
-    _s("dbeta = dy.sum(axis=0)", "dy", "dbeta"),
+    _s("dgamma = dy_xhat.sum(axis=lead)", "dy_xhat", "dgamma"),
+    _s("dbeta = dy.sum(axis=lead)", "dy", "dbeta"),
 )
 
 # How the backward gets xhat back from what was saved.
@@ -161,14 +164,6 @@ def _check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{name} must be one of {allowed}; got {value!r}.")
     return value
-
-
-def _check_count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer; got {type(value).__name__}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}; got {value}.")
-    return int(value)
 
 
 def numpy_program(
@@ -317,18 +312,18 @@ def traffic(
     direction = _check_choice(direction, "direction", DIRECTIONS)
     schedule = _check_choice(schedule, "schedule", SCHEDULES)
     saved = _check_choice(saved, "saved", SAVED)
-    rows = _check_count(rows, "rows", 0)
-    D = _check_count(D, "D", 1)
-    itemsize = _check_count(itemsize, "itemsize", 1)
-    stat_itemsize = _check_count(stat_itemsize, "stat_itemsize", 1)
+    rows = _check_int(rows, "rows", 0)
+    D = _check_int(D, "D", 1)
+    itemsize = _check_int(itemsize, "itemsize", 1)
+    stat_itemsize = _check_int(stat_itemsize, "stat_itemsize", 1)
     if work_itemsize is not None:
         if schedule != "numpy":
             raise ValueError("work_itemsize applies to schedule='numpy' only; leave it None.")
-        work_itemsize = _check_count(work_itemsize, "work_itemsize", 1)
+        work_itemsize = _check_int(work_itemsize, "work_itemsize", 1)
     if block_rows is not None:
         if schedule != "tiled":
             raise ValueError("block_rows applies to schedule='tiled' only; leave it None.")
-        block_rows = _check_count(block_rows, "block_rows", 1)
+        block_rows = _check_int(block_rows, "block_rows", 1)
 
     n = rows * D
     upcast = work_itemsize is not None
@@ -410,10 +405,10 @@ def cache_bytes(
     for such models.
     """
     saved = _check_choice(saved, "saved", SAVED)
-    rows = _check_count(rows, "rows", 0)
-    D = _check_count(D, "D", 1)
-    itemsize = _check_count(itemsize, "itemsize", 1)
-    stat_itemsize = _check_count(stat_itemsize, "stat_itemsize", 1)
+    rows = _check_int(rows, "rows", 0)
+    D = _check_int(D, "D", 1)
+    itemsize = _check_int(itemsize, "itemsize", 1)
+    stat_itemsize = _check_int(stat_itemsize, "stat_itemsize", 1)
     unknown = set(kept_alive) - {"x", "y"}
     if unknown:
         raise ValueError(f"kept_alive may name 'x' and 'y' only; got {sorted(unknown)}.")

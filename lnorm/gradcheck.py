@@ -1,65 +1,55 @@
 """Numerical gradient checks for any scalar loss of NumPy arrays.
 
 A check compares a hand-written gradient with one estimated from the loss
-alone. Four tools:
+alone, element by element with
 
-* :func:`central_difference` estimates every element of every argument with
+.. math::
 
-  .. math::
+    \\text{central differences}\\quad
+    \\frac{\\partial f}{\\partial a_i} \\approx \\frac{f(a + h e_i) - f(a - h e_i)}{2h},
+    \\qquad
+    \\text{the complex step}\\quad
+    \\frac{\\partial f}{\\partial a_i} \\approx \\frac{\\operatorname{Im} f(a + \\mathrm{i}\\,h\\,e_i)}{h},
 
-      \\frac{\\partial f}{\\partial a_i} \\approx
-      \\frac{f(a + h e_i) - f(a - h e_i)}{2h},
-
-  whose truncation error is :math:`h^2 f'''/6` and whose rounding error is
-  about :math:`u\\,|f| / h` (``u`` the unit roundoff of the arguments' dtype);
-  the sum is smallest near :math:`h \\approx u^{1/3}`, the default step.
-* :func:`complex_step` estimates every element with
-
-  .. math::
-
-      \\frac{\\partial f}{\\partial a_i} \\approx
-      \\frac{\\operatorname{Im} f(a + \\mathrm{i}\\,h\\,e_i)}{h},
-
-  which subtracts nothing, so ``h`` can be tiny (default ``1e-30``) and the
-  estimate is correct to machine precision. ``f`` must be written with
-  complex-safe operations (``x * x``, never ``abs(x)`` or comparisons).
-* :func:`directional_check` compares the derivative along one random direction
-  ``v`` with :math:`\\langle g, v\\rangle`: two evaluations of ``f`` (one with
-  the complex step), whatever the size of the arrays.
-* :func:`step_sweep` measures the error of an estimator for each step in a list.
-
-:func:`check_gradients` and :func:`compare_gradients` turn estimates into a
-:class:`GradCheckResult`; :func:`directional_check` returns a
-:class:`DirectionalResult`, :func:`step_sweep` a :class:`StepSweep`.
+or along one random direction ``v`` (:func:`directional_check`, two
+evaluations whatever the size). Central differences carry a truncation error
+:math:`h^2 f'''/6` and a rounding error of about :math:`u\\,|f|/h` (``u`` the
+unit roundoff), smallest near :math:`h \\approx u^{1/3}`, the default step;
+:func:`step_sweep` measures that trade-off. The complex step subtracts
+nothing, so ``h`` can be tiny (``1e-30``) and the estimate is exact to
+machine precision, provided ``f`` is written with complex-safe operations
+(``x * x``, never ``abs(x)`` or comparisons).
 
 Conventions
 -----------
-``f`` is called as ``f(*arrays)`` and must return a scalar. It always receives
+``f`` is called as ``f(*arrays)`` and returns a scalar. It always receives
 private copies, so the caller's arrays are never modified, even if ``f``
 raises or writes into its arguments. A gradient list ``grads`` has one entry
 per argument, of the argument's shape; ``None`` means "do not check this
-argument" (it is then neither perturbed nor reported).
+argument" (it is then neither perturbed nor reported). The dtype of the
+checked arguments sets the default step and tolerance.
 
 Relative error
 --------------
 For one argument with checked gradient ``g`` and reference (or estimate)
-``r``, the relative error is
+``r``,
 
 .. math::
 
     \\mathrm{rel} = \\frac{\\max_i |g_i - r_i|}{\\max(\\max_i |g_i|,\\ \\max_i |r_i|)},
 
 the largest error relative to the largest entry of either gradient (0 when
-both are identically zero). An elementwise ratio ``|g_i - r_i| / |r_i|`` is
-not safe: a gradient has entries near zero (each row of layer norm's ``dx``
-sums to zero) whose finite-difference error does not shrink with them.
+both are identically zero, NaN if either holds a NaN). An elementwise ratio
+``|g_i - r_i| / |r_i|`` is not safe: a gradient has entries near zero (each
+row of layer norm's ``dx`` sums to zero) whose estimation error does not
+shrink with them.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-import numbers
 
 import numpy as np
 
@@ -67,8 +57,8 @@ from .core import forward_formula
 
 __all__ = [
     "StepTooSmallError",
-    "GradCheckResult",
     "ArgumentError",
+    "GradCheckResult",
     "DirectionalResult",
     "StepSweep",
     "unit_roundoff",
@@ -87,23 +77,16 @@ __all__ = [
 #: error is below every floating-point number, large enough not to underflow.
 COMPLEX_STEP = 1e-30
 
-#: Default pass/fail thresholds on the relative error (see the module
-#: docstring), by method and by the dtype of the arguments. Central
-#: differences at their best reach about u**(2/3) (2e-11 in float64, 2e-5 in
-#: float32), the complex step a few u; the thresholds leave a margin of about
-#: two to three decades for losses whose third derivative or size is larger.
+#: Default pass/fail thresholds on the relative error, by method and dtype.
+#: Central differences at their best reach about u**(2/3) (2e-11 in float64,
+#: 2e-5 in float32), the complex step a few u; the thresholds leave two to
+#: three decades of margin for losses whose third derivative or size is larger.
 _TOLERANCES = {
     "central": {np.dtype(np.float64): 1e-8, np.dtype(np.float32): 1e-3, np.dtype(np.float16): 1e-1},
     "complex": {np.dtype(np.float64): 1e-13, np.dtype(np.float32): 1e-5, np.dtype(np.float16): 1e-5},
 }
 
-#: A directional check adds inner products over every element, whose rounding
-#: grows with their number (about 1e-14 relative for 4e6 float64 elements):
-#: the complex-step threshold is ten times looser there.
-_DIRECTIONAL_TOLERANCES = {
-    "central": _TOLERANCES["central"],
-    "complex": {dt: 10 * tol for dt, tol in _TOLERANCES["complex"].items()},
-}
+_LABELS = {"central": "central differences", "complex": "complex step"}
 
 Loss = Callable[..., object]
 
@@ -112,7 +95,7 @@ class StepTooSmallError(ValueError):
     """The step ``h`` vanished when added to an element (``x + h == x``)."""
 
 
-# --- small helpers -------------------------------------------------------------
+# --- defaults -------------------------------------------------------------------
 
 
 def unit_roundoff(dtype) -> float:
@@ -134,8 +117,7 @@ def default_step(method: str, dtype=np.float64) -> float:
     ``h = (3 u |f| / |f'''|)**(1/3)``; for arguments and a loss of order one
     that is ``u**(1/3)``: 4.8e-6 in float64, 3.9e-3 in float32.
     """
-    method = _check_method(method)
-    if method == "complex":
+    if _method(method) == "complex":
         return COMPLEX_STEP
     return unit_roundoff(dtype) ** (1.0 / 3.0)
 
@@ -143,75 +125,28 @@ def default_step(method: str, dtype=np.float64) -> float:
 def default_tolerance(method: str, dtype=np.float64, directional: bool = False) -> float:
     """Default pass/fail threshold on the relative error for ``method`` and ``dtype``.
 
-    float64: 1e-8 for central differences, 1e-13 for the complex step
-    (1e-12 for a directional complex-step check, whose inner products over
-    millions of elements round more).
+    float64: 1e-8 for central differences, 1e-13 for the complex step. A
+    directional complex-step check is ten times looser (1e-12): its inner
+    products over millions of elements round more (about 1e-14 relative for
+    4e6 float64 elements).
     """
-    method = _check_method(method)
-    dtype = np.dtype(dtype)
-    table = (_DIRECTIONAL_TOLERANCES if directional else _TOLERANCES)[method]
-    if dtype not in table:
-        raise TypeError(f"no default tolerance for dtype {dtype}; pass tol= explicitly.")
-    return table[dtype]
+    method = _method(method)
+    tol = _TOLERANCES[method].get(np.dtype(dtype))
+    if tol is None:
+        raise TypeError(f"no default tolerance for dtype {np.dtype(dtype)}; pass tol= explicitly.")
+    return 10 * tol if directional and method == "complex" else tol
 
 
-def _check_method(method) -> str:
-    if method not in ("central", "complex"):
+# --- argument checks ---------------------------------------------------------------
+
+
+def _method(method) -> str:
+    if method not in _LABELS:
         raise ValueError(f"method must be 'central' or 'complex'; got {method!r}.")
     return method
 
 
-def _check_arrays(arrays) -> list[np.ndarray]:
-    if isinstance(arrays, np.ndarray) or not isinstance(arrays, (list, tuple)):
-        raise TypeError(
-            "arrays must be a list or tuple of arrays, one per argument of f, "
-            f"e.g. [x] or [x, gamma, beta]; got {type(arrays).__name__}."
-        )
-    if len(arrays) == 0:
-        raise ValueError("arrays must hold at least one array (the arguments of f).")
-    out = []
-    for k, a in enumerate(arrays):
-        arr = np.asarray(a)
-        if arr.dtype.kind != "f":
-            raise TypeError(
-                f"arrays[{k}] must have a real floating dtype (float16, float32 or "
-                f"float64); got {arr.dtype}. Convert it, e.g. arrays[{k}].astype(np.float64)."
-            )
-        out.append(arr)
-    return out
-
-
-def _check_grads(grads, arrays: list[np.ndarray]) -> list[np.ndarray | None]:
-    if isinstance(grads, np.ndarray) or not isinstance(grads, (list, tuple)):
-        raise TypeError(
-            "grads must be a list or tuple with one gradient (or None) per array; "
-            f"got {type(grads).__name__}."
-        )
-    if len(grads) != len(arrays):
-        raise ValueError(
-            f"grads has {len(grads)} entries but arrays has {len(arrays)}; give one "
-            "gradient per argument of f (None to skip an argument)."
-        )
-    out: list[np.ndarray | None] = []
-    for k, (g, a) in enumerate(zip(grads, arrays)):
-        if g is None:
-            out.append(None)
-            continue
-        g = np.asarray(g)
-        if g.dtype.kind not in "fiu":
-            raise TypeError(f"grads[{k}] must be a real numeric array; got dtype {g.dtype}.")
-        if g.shape != a.shape:
-            raise ValueError(
-                f"grads[{k}] has shape {g.shape} but arrays[{k}] has shape {a.shape}; "
-                "a gradient has the shape of its argument."
-            )
-        out.append(g)
-    if all(g is None for g in out):
-        raise ValueError("grads is all None: give at least one gradient to check.")
-    return out
-
-
-def _check_positive(value, name: str, example: str) -> float:
+def _positive(value, name: str, example: str = "1e-6") -> float:
     """A step or a tolerance: a real number, finite and > 0."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number such as {example}; got {type(value).__name__}.")
@@ -221,15 +156,50 @@ def _check_positive(value, name: str, example: str) -> float:
     return value
 
 
-def _check_step(h, name: str = "h") -> float:
-    return _check_positive(h, name, "1e-6")
+def _list_or_tuple(value, name: str, what: str) -> None:
+    # An ndarray is a sequence too, but [x] and x mean different things here.
+    if isinstance(value, np.ndarray) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list or tuple of {what}; got {type(value).__name__}.")
 
 
-def _check_tol(tol) -> float:
-    return _check_positive(tol, "tol", "1e-8")
+def _arrays(arrays) -> list[np.ndarray]:
+    _list_or_tuple(arrays, "arrays", "arrays, one per argument of f, e.g. [x] or [x, gamma, beta]")
+    if len(arrays) == 0:
+        raise ValueError("arrays must hold at least one array (the arguments of f).")
+    out = [np.asarray(a) for a in arrays]
+    for k, a in enumerate(out):
+        if a.dtype.kind != "f":
+            raise TypeError(
+                f"arrays[{k}] must have a real floating dtype (float16, float32 or "
+                f"float64); got {a.dtype}. Convert it, e.g. arrays[{k}].astype(np.float64)."
+            )
+    return out
 
 
-def _check_names(names, n: int) -> tuple[str, ...]:
+def _grads(grads, arrays: list[np.ndarray]) -> list[np.ndarray | None]:
+    _list_or_tuple(grads, "grads", "gradients, one (or None) per array")
+    if len(grads) != len(arrays):
+        raise ValueError(
+            f"grads has {len(grads)} entries but arrays has {len(arrays)}; give one "
+            "gradient per argument of f (None to skip an argument)."
+        )
+    out = [None if g is None else np.asarray(g) for g in grads]
+    for k, (g, a) in enumerate(zip(out, arrays)):
+        if g is None:
+            continue
+        if g.dtype.kind not in "fiu":
+            raise TypeError(f"grads[{k}] must be a real numeric array; got dtype {g.dtype}.")
+        if g.shape != a.shape:
+            raise ValueError(
+                f"grads[{k}] has shape {g.shape} but arrays[{k}] has shape {a.shape}; "
+                "a gradient has the shape of its argument."
+            )
+    if all(g is None for g in out):
+        raise ValueError("grads is all None: give at least one gradient to check.")
+    return out
+
+
+def _names(names, n: int) -> tuple[str, ...]:
     if names is None:
         return tuple(f"arg{k}" for k in range(n))
     names = tuple(str(s) for s in names)
@@ -238,34 +208,33 @@ def _check_names(names, n: int) -> tuple[str, ...]:
     return names
 
 
-def _common_dtype(arrays: Sequence[np.ndarray]) -> np.dtype:
-    """The widest floating dtype among the arrays: it sets h and tol defaults."""
-    return np.result_type(*[a.dtype for a in arrays])
+def _check_setup(method, grads, arrays, h, tol, names, directional: bool):
+    """Validate the arguments shared by the two checks and fill in the defaults."""
+    method = _method(method)
+    arrays = _arrays(arrays)
+    grads = _grads(grads, arrays)
+    names = _names(names, len(arrays))
+    which = [k for k, g in enumerate(grads) if g is not None]
+    dtype = np.result_type(*[arrays[k].dtype for k in which])
+    h = default_step(method, dtype) if h is None else _positive(h, "h")
+    tol = default_tolerance(method, dtype, directional) if tol is None else _positive(tol, "tol", "1e-8")
+    return method, arrays, grads, names, which, h, tol
 
 
-def _real_value(value) -> float:
+def _scalar(value, complex_step: bool = False):
+    """The loss value as a Python float (or complex, for the complex step)."""
     if np.ndim(value) != 0:
         raise ValueError(f"f must return a scalar loss; it returned an array of shape {np.shape(value)}.")
-    if np.iscomplexobj(value):
-        raise TypeError("f returned a complex number for real arguments; central differences need a real loss.")
-    return float(value)
-
-
-def _complex_value(value) -> complex:
-    if np.ndim(value) != 0:
-        raise ValueError(f"f must return a scalar loss; it returned an array of shape {np.shape(value)}.")
-    if not np.iscomplexobj(value):
+    if np.iscomplexobj(value) != complex_step:
         raise TypeError(
             "f returned a real number for a complex argument, so the imaginary part that "
             "carries the derivative was discarded (abs, .real, a cast to float, or a "
             "comparison). Write f with complex-safe operations (x * x, not abs(x)**2), "
             "e.g. with lnorm.core.forward_formula."
+            if complex_step
+            else "f returned a complex number for real arguments; central differences need a real loss."
         )
-    return complex(value)
-
-
-def _complex_dtype(dtype: np.dtype) -> np.dtype:
-    return np.result_type(dtype, np.complex64)
+    return complex(value) if complex_step else float(value)
 
 
 # --- the loss the book differentiates --------------------------------------------
@@ -306,54 +275,52 @@ def layernorm_loss(dy, eps: float = 1e-5) -> Callable[[np.ndarray, np.ndarray, n
     return loss
 
 
-# --- estimators --------------------------------------------------------------------
+# --- elementwise estimates -----------------------------------------------------------
 
 
-def _central(f: Loss, arrays: list[np.ndarray], h: float, which: Sequence[int]) -> list[np.ndarray | None]:
-    work = [a.copy() for a in arrays]
+def _central_quotient(f: Loss, args: list, flat: np.ndarray, i: int, h: float) -> tuple[float, float]:
+    """``f(a + h e_i) - f(a - h e_i)`` and the step actually taken between the two points."""
+    x0 = flat[i]
+    flat[i] = x0 + h
+    x_plus, f_plus = float(flat[i]), _scalar(f(*args))
+    flat[i] = x0 - h
+    x_minus, f_minus = float(flat[i]), _scalar(f(*args))
+    flat[i] = x0
+    # x0 ± h is rounded to the dtype: divide by the distance actually moved, not 2h.
+    return f_plus - f_minus, x_plus - x_minus
+
+
+def _complex_quotient(f: Loss, args: list, flat: np.ndarray, i: int, h: float) -> tuple[float, float]:
+    """``Im f(a + i h e_i)`` and the imaginary step as stored in the complex dtype."""
+    x0 = flat[i]
+    flat[i] = x0 + 1j * h
+    step = float(flat[i].imag)
+    value = _scalar(f(*args), complex_step=True).imag
+    flat[i] = x0
+    return value, step
+
+
+def _estimate(f: Loss, arrays: list[np.ndarray], h: float, method: str, which: Sequence[int]) -> list:
+    """Elementwise estimate of the gradient for the arguments in ``which`` (None elsewhere)."""
+    quotient = _central_quotient if method == "central" else _complex_quotient
     out: list[np.ndarray | None] = [None] * len(arrays)
     for k in which:
-        flat = work[k].reshape(-1)  # a view: work[k] is a fresh contiguous copy
+        args = [a.copy() for a in arrays]  # private copies: f may write into them
+        dtype = arrays[k].dtype if method == "central" else np.result_type(arrays[k].dtype, np.complex64)
+        # A fresh C-ordered copy, so that reshape(-1) below is a view into it.
+        args[k] = np.array(arrays[k], dtype=dtype, order="C", copy=True)
+        flat = args[k].reshape(-1)
         grad = np.empty(flat.size, dtype=np.float64)
         for i in range(flat.size):
-            x0 = flat[i]
-            flat[i] = x0 + h
-            x_plus = float(flat[i])
-            f_plus = _real_value(f(*work))
-            flat[i] = x0 - h
-            x_minus = float(flat[i])
-            f_minus = _real_value(f(*work))
-            flat[i] = x0
-            # Divide by the step actually taken: x0 + h is rounded to the dtype.
-            step = x_plus - x_minus
+            difference, step = quotient(f, args, flat, i, h)
             if step == 0.0:
+                where = tuple(int(j) for j in np.unravel_index(i, arrays[k].shape))
                 raise StepTooSmallError(
-                    f"h = {h:.3g} is below the spacing of {arrays[k].dtype} at "
-                    f"arrays[{k}]{tuple(int(j) for j in np.unravel_index(i, arrays[k].shape))} = {float(x0):.6g}: "
-                    "x + h rounds to x. Use a larger h (the default is unit_roundoff**(1/3))."
+                    f"h = {h:.3g} is below the spacing of {dtype} at arrays[{k}]{where} = "
+                    f"{float(arrays[k][where]):.6g}: x + h rounds to x. Use a larger h "
+                    f"(the default is {default_step(method, arrays[k].dtype):.2g})."
                 )
-            grad[i] = (f_plus - f_minus) / step
-        out[k] = grad.reshape(arrays[k].shape)
-    return out
-
-
-def _complex(f: Loss, arrays: list[np.ndarray], h: float, which: Sequence[int]) -> list[np.ndarray | None]:
-    work = [a.copy() for a in arrays]
-    out: list[np.ndarray | None] = [None] * len(arrays)
-    for k in which:
-        z = arrays[k].astype(_complex_dtype(arrays[k].dtype))
-        flat = z.reshape(-1)
-        args = list(work)
-        args[k] = z
-        grad = np.empty(flat.size, dtype=np.float64)
-        for i in range(flat.size):
-            x0 = flat[i]
-            flat[i] = x0 + 1j * h
-            h_taken = float(flat[i].imag)  # h rounded to the complex dtype's parts
-            if h_taken == 0.0:
-                raise StepTooSmallError(f"h = {h:.3g} underflows to 0 in {z.dtype}; use a larger h.")
-            grad[i] = _complex_value(f(*args)).imag / h_taken
-            flat[i] = x0
+            grad[i] = difference / step
         out[k] = grad.reshape(arrays[k].shape)
     return out
 
@@ -389,11 +356,12 @@ def central_difference(f: Loss, arrays: Sequence[np.ndarray], h: float | None = 
     Raises
     ------
     ValueError
-        If ``h <= 0``, or ``h`` is so small that ``a_i + h`` rounds to ``a_i``.
+        If ``h <= 0``, or ``h`` is so small that ``a_i + h`` rounds to ``a_i``
+        (:class:`StepTooSmallError`).
     """
-    arrays = _check_arrays(arrays)
-    h = default_step("central", _common_dtype(arrays)) if h is None else _check_step(h)
-    return _central(f, arrays, h, range(len(arrays)))
+    arrays = _arrays(arrays)
+    h = default_step("central", np.result_type(*arrays)) if h is None else _positive(h, "h")
+    return _estimate(f, arrays, h, "central", range(len(arrays)))
 
 
 def complex_step(f: Loss, arrays: Sequence[np.ndarray], h: float = COMPLEX_STEP) -> list[np.ndarray]:
@@ -410,8 +378,8 @@ def complex_step(f: Loss, arrays: Sequence[np.ndarray], h: float = COMPLEX_STEP)
     with complex-safe operations: ``x * x`` and ``np.sqrt`` are fine, ``abs``,
     ``.real``, comparisons, ``max`` and casts to float are not. For layer
     normalization use :func:`lnorm.core.forward_formula` (see
-    :func:`layernorm_loss`), not :func:`lnorm.forward`, which computes in
-    float64 and clamps the mean.
+    :func:`layernorm_loss`), not :func:`lnorm.forward`, which refuses complex
+    input (it computes in float64) and clamps the mean.
 
     Parameters
     ----------
@@ -432,12 +400,16 @@ def complex_step(f: Loss, arrays: Sequence[np.ndarray], h: float = COMPLEX_STEP)
     TypeError
         If ``f`` returns a real number (it dropped the imaginary part).
     """
-    arrays = _check_arrays(arrays)
-    h = _check_step(h)
-    return _complex(f, arrays, h, range(len(arrays)))
+    arrays = _arrays(arrays)
+    return _estimate(f, arrays, _positive(h, "h"), "complex", range(len(arrays)))
 
 
 # --- comparing -------------------------------------------------------------------
+
+
+def _relative(abs_error: float, scale: float) -> float:
+    """``abs_error / scale``; 0 for an exact match, NaN stays NaN."""
+    return 0.0 if abs_error == 0.0 else abs_error / max(scale, np.finfo(np.float64).tiny)
 
 
 @dataclass(frozen=True)
@@ -461,16 +433,10 @@ def _argument_error(name: str, grad, ref) -> ArgumentError:
     if grad.size == 0:
         return ArgumentError(name, 0.0, 0.0, 0.0, ())
     err = np.abs(grad - ref)
-    # A NaN anywhere is the worst error there is.
-    err_for_argmax = np.where(np.isnan(err), np.inf, err)
-    worst = np.unravel_index(int(np.argmax(err_for_argmax)), grad.shape)
+    worst = np.unravel_index(int(np.argmax(err)), grad.shape)  # argmax takes a NaN as the largest
     max_abs = float(err[worst])
     denom = float(max(np.abs(grad).max(), np.abs(ref).max()))
-    if max_abs == 0.0:
-        rel = 0.0
-    else:
-        rel = max_abs / max(denom, np.finfo(np.float64).tiny)
-    return ArgumentError(name, max_abs, rel, denom, tuple(int(i) for i in worst))
+    return ArgumentError(name, max_abs, _relative(max_abs, denom), denom, tuple(int(i) for i in worst))
 
 
 @dataclass(frozen=True)
@@ -500,19 +466,17 @@ class GradCheckResult:
     @property
     def max_abs_error(self) -> float:
         """Largest absolute error over all checked arguments (NaN counts as largest)."""
-        errs = [a.max_abs_error for a in self.arguments]
-        return float("nan") if any(np.isnan(errs)) else max(errs)
+        return float(np.max([a.max_abs_error for a in self.arguments]))
 
     @property
     def max_rel_error(self) -> float:
         """Largest relative error over all checked arguments (NaN counts as largest)."""
-        rels = [a.max_rel_error for a in self.arguments]
-        return float("nan") if any(np.isnan(rels)) else max(rels)
+        return float(np.max([a.max_rel_error for a in self.arguments]))
 
     @property
     def worst(self) -> tuple[str, tuple[int, ...]]:
         """``(argument name, index)`` of the element with the largest relative error."""
-        arg = max(self.arguments, key=lambda a: np.inf if np.isnan(a.max_rel_error) else a.max_rel_error)
+        arg = self.arguments[int(np.argmax([a.max_rel_error for a in self.arguments]))]
         return arg.name, arg.worst_index
 
     @property
@@ -521,14 +485,13 @@ class GradCheckResult:
         return all(a.max_rel_error <= self.tol for a in self.arguments)
 
     def __repr__(self) -> str:
-        label = {"central": "central differences", "complex": "complex step"}.get(self.method, self.method)
-        verdict = "PASS" if self.passed else "FAIL"
         sign = "<=" if self.passed else "> "
         name, index = self.worst
         lines = [
-            f"GradCheckResult: {label}, h = {self.h:.2g}, {self.n_evaluations} evaluations of f",
-            f"  {verdict}: max relative error {self.max_rel_error:.2e} {sign} tol {self.tol:.0e}"
-            f"  (worst: {name}{list(index)})",
+            f"GradCheckResult: {_LABELS.get(self.method, self.method)}, h = {self.h:.2g}, "
+            f"{self.n_evaluations} evaluations of f",
+            f"  {'PASS' if self.passed else 'FAIL'}: max relative error "
+            f"{self.max_rel_error:.2e} {sign} tol {self.tol:.0e}  (worst: {name}{list(index)})",
             f"  {'argument':<10}{'max abs err':>13}{'max rel err':>13}{'denominator':>12}  worst index",
         ]
         for a in self.arguments:
@@ -575,18 +538,16 @@ def compare_gradients(
     -------
     GradCheckResult
     """
-    tol = _check_tol(tol)
+    tol = _positive(tol, "tol", "1e-8")
     if len(grads) != len(estimates):
         raise ValueError(f"grads has {len(grads)} entries but estimates has {len(estimates)}.")
-    names = _check_names(names, len(grads))
     rows = []
-    for name, g, r in zip(names, grads, estimates):
+    for name, g, r in zip(_names(names, len(grads)), grads, estimates):
         if g is None:
             continue
-        if r is None:
-            raise ValueError(f"no estimate for argument {name!r}, but a gradient to check.")
-        if np.shape(g) != np.shape(r):
-            raise ValueError(f"gradient of {name!r} has shape {np.shape(g)} but its estimate {np.shape(r)}.")
+        if r is None or np.shape(g) != np.shape(r):
+            raise ValueError(f"gradient of {name!r} has shape {np.shape(g)} but its estimate "
+                             f"{'is None' if r is None else np.shape(r)}.")
         rows.append(_argument_error(name, g, r))
     if not rows:
         raise ValueError("grads is all None: give at least one gradient to check.")
@@ -606,7 +567,8 @@ def check_gradients(
     """Check hand-written gradients of ``f`` against an elementwise estimate.
 
     Estimates every element of every argument whose gradient is given (with
-    :func:`central_difference` or :func:`complex_step`) and compares.
+    :func:`central_difference` or :func:`complex_step`) and compares with
+    :func:`compare_gradients`.
 
     Parameters
     ----------
@@ -625,17 +587,9 @@ def check_gradients(
     names : sequence of str, optional
         Argument names for the report, e.g. ``("x", "gamma", "beta")``.
     """
-    method = _check_method(method)
-    arrays = _check_arrays(arrays)
-    grads = _check_grads(grads, arrays)
-    dtype = _common_dtype(arrays)
-    h = default_step(method, dtype) if h is None else _check_step(h)
-    tol = default_tolerance(method, dtype) if tol is None else _check_tol(tol)
-    which = [k for k, g in enumerate(grads) if g is not None]
-    estimate = _central if method == "central" else _complex
-    estimates = estimate(f, arrays, h, which)
-    per_element = 2 if method == "central" else 1
-    n_eval = per_element * sum(arrays[k].size for k in which)
+    method, arrays, grads, names, which, h, tol = _check_setup(method, grads, arrays, h, tol, names, False)
+    estimates = _estimate(f, arrays, h, method, which)
+    n_eval = (2 if method == "central" else 1) * sum(arrays[k].size for k in which)
     return compare_gradients(grads, estimates, tol, names=names, method=method, h=h, n_evaluations=n_eval)
 
 
@@ -677,15 +631,14 @@ class DirectionalResult:
         return self.rel_error <= self.tol
 
     def __repr__(self) -> str:
-        label = {"central": "central difference", "complex": "complex step"}.get(self.method, self.method)
-        verdict = "PASS" if self.passed else "FAIL"
         sign = "<=" if self.passed else "> "
         return "\n".join(
             [
-                f"DirectionalResult: {label} along one random direction, h = {self.h:.2g}",
-                f"  {self.n_evaluations} evaluation{'s' if self.n_evaluations != 1 else ''} of f "
+                f"DirectionalResult: {_LABELS.get(self.method, self.method)} along one random direction",
+                f"  h = {self.h:.2g}, {self.n_evaluations} evaluation{'s' if self.n_evaluations != 1 else ''} "
                 f"for {self.n_elements:,} elements ({', '.join(self.names)})",
-                f"  {verdict}: relative error {self.rel_error:.2e} {sign} tol {self.tol:.0e}",
+                f"  {'PASS' if self.passed else 'FAIL'}: relative error {self.rel_error:.2e} {sign} "
+                f"tol {self.tol:.0e}",
                 f"  derivative along v from f   {self.numeric: .15e}",
                 f"  <grads, v>                  {self.analytic: .15e}",
                 f"  abs error {self.abs_error:.2e}; scale ||grads||_2 = {self.scale:.3e}",
@@ -748,54 +701,36 @@ def directional_check(
     -------
     DirectionalResult
     """
-    method = _check_method(method)
-    arrays = _check_arrays(arrays)
-    grads = _check_grads(grads, arrays)
+    method, arrays, grads, names, which, h, tol = _check_setup(method, grads, arrays, h, tol, names, True)
     if not isinstance(rng, np.random.Generator):
         raise TypeError(
             f"rng must be a numpy.random.Generator, e.g. np.random.default_rng(0); got {type(rng).__name__}."
         )
-    names_all = _check_names(names, len(arrays))
-    which = [k for k, g in enumerate(grads) if g is not None]
-    dtype = _common_dtype([arrays[k] for k in which])
-    h = default_step(method, dtype) if h is None else _check_step(h)
-    tol = default_tolerance(method, dtype, directional=True) if tol is None else _check_tol(tol)
-
     directions = {k: rng.standard_normal(arrays[k].shape) for k in which}
     g64 = {k: np.asarray(grads[k], dtype=np.float64) for k in which}
     scale = float(np.sqrt(sum(np.vdot(g64[k], g64[k]) for k in which)))
 
     if method == "central":
-        # Each side holds only its own displaced copies, so a large tensor is
-        # never held in more than a few copies at once.
-        f_side, disp_side = [], []
+        # One side at a time, so a large tensor is held in few copies at once.
+        f_side, moved_side = [], []
         for sign in (1.0, -1.0):
             args = [a.copy() for a in arrays]
-            disp = 0.0
             for k in which:
                 args[k] = (arrays[k] + sign * h * directions[k]).astype(arrays[k].dtype)
-                # The displacement actually taken, after rounding to the dtype.
-                moved = args[k].astype(np.float64) - arrays[k].astype(np.float64)
-                disp += float(np.vdot(g64[k], moved))
-            f_side.append(_real_value(f(*args)))
-            disp_side.append(disp)
+            # <g, displacement actually taken>, after rounding a ± h v to the dtype.
+            moved_side.append(sum(float(np.vdot(g64[k], args[k].astype(np.float64) - arrays[k])) for k in which))
+            f_side.append(_scalar(f(*args)))
             del args
         numeric = (f_side[0] - f_side[1]) / (2.0 * h)
-        analytic = (disp_side[0] - disp_side[1]) / (2.0 * h)
-        n_eval = 2
+        analytic = (moved_side[0] - moved_side[1]) / (2.0 * h)
     else:
         args = [a.copy() for a in arrays]
         for k in which:
             args[k] = arrays[k] + 1j * h * directions[k]
-        numeric = _complex_value(f(*args)).imag / h
+        numeric = _scalar(f(*args), complex_step=True).imag / h
         analytic = float(sum(np.vdot(g64[k], directions[k]) for k in which))
-        n_eval = 1
 
     abs_error = abs(numeric - analytic)
-    denom = max(scale, abs(numeric), abs(analytic), np.finfo(np.float64).tiny)
-    rel_error = 0.0 if abs_error == 0.0 else abs_error / denom
-    if np.isnan(numeric) or np.isnan(analytic):
-        rel_error = abs_error = float("nan")
     return DirectionalResult(
         method=method,
         h=h,
@@ -804,10 +739,10 @@ def directional_check(
         analytic=float(analytic),
         scale=scale,
         abs_error=float(abs_error),
-        rel_error=float(rel_error),
-        n_evaluations=n_eval,
+        rel_error=float(_relative(abs_error, max(scale, abs(numeric), abs(analytic)))),
+        n_evaluations=2 if method == "central" else 1,
         n_elements=int(sum(arrays[k].size for k in which)),
-        names=tuple(names_all[k] for k in which),
+        names=tuple(names[k] for k in which),
     )
 
 
@@ -851,16 +786,6 @@ class StepSweep:
         """``u**(1/3)`` (central) or the complex default ``1e-30``: :func:`default_step`."""
         return default_step(self.method, self.dtype)
 
-    def __repr__(self) -> str:
-        label = {"central": "central differences", "complex": "complex step"}.get(self.method, self.method)
-        lines = [
-            f"StepSweep: {label} in {self.dtype}, {len(self.hs)} steps; best h = {self.best_h:.2g} "
-            f"(rel err {self.best_rel_error:.2e}); predicted optimum {self.predicted_h:.2g}",
-            f"  {'h':>9}{'max rel err':>13}",
-        ]
-        lines += [f"  {h:>9.1e}{e:>13.2e}" for h, e in zip(self.hs, self.max_rel_error)]
-        return "\n".join(lines)
-
 
 def step_sweep(
     f: Loss,
@@ -891,28 +816,28 @@ def step_sweep(
     StepSweep
         A step too small to move some element (``x + h == x``) gives NaN.
     """
-    method = _check_method(method)
-    arrays = _check_arrays(arrays)
-    hs_arr = np.asarray(hs, dtype=np.float64)
-    if hs_arr.ndim != 1 or hs_arr.size == 0:
-        raise ValueError(f"hs must be a non-empty 1-d sequence of steps; got shape {hs_arr.shape}.")
-    for h in hs_arr:
-        _check_step(float(h), "every step in hs")
+    method = _method(method)
+    arrays = _arrays(arrays)
+    hs = np.asarray(hs, dtype=np.float64)
+    if hs.ndim != 1 or hs.size == 0:
+        raise ValueError(f"hs must be a non-empty 1-d sequence of steps; got shape {hs.shape}.")
+    for h in hs:
+        _positive(float(h), "every step in hs")
+    every = range(len(arrays))
     if reference is None:
-        reference = _complex(f, [a.astype(np.float64) for a in arrays], COMPLEX_STEP, range(len(arrays)))
+        reference = _estimate(f, [a.astype(np.float64) for a in arrays], COMPLEX_STEP, "complex", every)
     else:
-        reference = _check_grads(reference, arrays)
+        reference = _grads(reference, arrays)
         if any(r is None for r in reference):
             raise ValueError("reference needs a gradient for every argument.")
-    estimate = _central if method == "central" else _complex
-    abs_err = np.full(hs_arr.size, np.nan)
-    rel_err = np.full(hs_arr.size, np.nan)
-    for j, h in enumerate(hs_arr):
+    abs_err = np.full(hs.size, np.nan)
+    rel_err = np.full(hs.size, np.nan)
+    for j, h in enumerate(hs):
         try:
-            est = estimate(f, arrays, float(h), range(len(arrays)))
+            estimates = _estimate(f, arrays, float(h), method, every)
         except StepTooSmallError:
             continue
-        rows = [_argument_error("", e, r) for e, r in zip(est, reference)]
-        abs_err[j] = max(r.max_abs_error for r in rows)
-        rel_err[j] = max(r.max_rel_error for r in rows)
-    return StepSweep(method, _common_dtype(arrays), hs_arr, abs_err, rel_err)
+        rows = [_argument_error("", e, r) for e, r in zip(estimates, reference)]
+        abs_err[j] = np.max([r.max_abs_error for r in rows])
+        rel_err[j] = np.max([r.max_rel_error for r in rows])
+    return StepSweep(method, np.result_type(*arrays), hs, abs_err, rel_err)

@@ -12,7 +12,7 @@ expressions in the symbols ``x_i``, ``gamma_i``, ``beta_i`` and ``epsilon``:
     \\hat x_i = (x_i - \\mu)\\,\\mathrm{rstd}, \\qquad y_i = \\gamma_i \\hat x_i + \\beta_i .
 
 SymPy differentiates these expressions (``Matrix.jacobian``), with no
-knowledge of the closed forms; the ``prove_*`` functions then show that the
+knowledge of the closed forms; :func:`prove` then shows that the
 result equals what the book derives by hand:
 
 .. math::
@@ -51,7 +51,16 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from .core import ACC_DTYPE, LayerNormCache, _as_float_array, _check_eps, _check_param
+from .core import (
+    ACC_DTYPE,
+    LayerNormCache,
+    _as_float_array,
+    _as_rows,
+    _check_cache,
+    _check_dy,
+    _check_eps,
+    _check_param,
+)
 
 __all__ = [
     "LayerNormSymbols",
@@ -60,18 +69,13 @@ __all__ = [
     "forward_exprs",
     "jacobian",
     "normalization_jacobian",
-    "closed_form_jacobian",
     "compact_jacobian",
+    "IDENTITIES",
     "residuals",
+    "prove",
     "in_x_and_s",
     "is_identically_zero",
-    "prove_closed_form",
-    "prove_symmetric",
-    "prove_shift_invariance",
-    "prove_scale_response",
     "mean_path_term",
-    "prove_mean_path_vanishes",
-    "prove_compact_vjp",
     "vjp",
     "evaluate",
     "evaluate_vjp",
@@ -210,23 +214,14 @@ def normalization_jacobian(D: int) -> sp.Matrix:
 
 
 def _closed_form(gamma: sp.Matrix, rstd: sp.Expr, xhat: sp.Matrix) -> sp.Matrix:
+    """``diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)``, in whatever ``rstd`` and ``xhat`` are."""
     D = xhat.shape[0]
     centering = sp.eye(D) - sp.ones(D, D) / D
     return sp.diag(*gamma) * rstd * (centering - xhat * xhat.T / D)
 
 
-def closed_form_jacobian(D: int) -> sp.Matrix:
-    """The closed form ``diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)`` in ``x`` and ``epsilon``.
-
-    ``rstd`` and ``xhat`` are the expressions of :func:`forward_exprs`, so the
-    result can be compared entry by entry with :func:`jacobian`.
-    """
-    f = forward_exprs(D)
-    return _closed_form(f.sym.gamma, f.rstd, f.xhat)
-
-
 def compact_jacobian(D: int) -> sp.Matrix:
-    """The same closed form with ``rstd`` and ``xhat_1..xhat_D`` as plain symbols (for display).
+    """The closed form of ``dy/dx`` with ``rstd`` and ``xhat_1..xhat_D`` as plain symbols (for display).
 
     Printed with ``sympy.latex`` it shows the structure the book derives:
     entry ``(i, j)`` is ``gamma_i rstd (delta_ij - 1/D - xhat_i xhat_j / D)``.
@@ -283,8 +278,15 @@ def _expanded(expr, f: ForwardExprs) -> sp.Matrix:
     return in_x_and_s(M, f).applyfunc(sp.expand)
 
 
-#: The identities :func:`residuals` checks, in the order the book proves them.
-IDENTITIES = ("closed_form", "symmetric", "shift", "scale", "compact_vjp")
+#: The identities the book proves (see :func:`residuals`), in the order it proves them.
+IDENTITIES = ("closed_form", "symmetric", "shift", "scale", "compact_vjp", "mean_path")
+
+
+def _mean_path(f: ForwardExprs) -> tuple[sp.Expr, sp.Expr]:
+    """``d var(x, m) / d m`` with ``m`` a free symbol, and the same at ``m = mu(x)``."""
+    m = sp.Symbol("m", real=True)
+    dvar_dm = sp.diff(sum((xi - m) ** 2 for xi in f.sym.x) / f.sym.D, m)
+    return dvar_dm, dvar_dm.xreplace({m: f.mu})
 
 
 def _residual(f: ForwardExprs, name: str) -> sp.Matrix:
@@ -299,6 +301,8 @@ def _residual(f: ForwardExprs, name: str) -> sp.Matrix:
         mean_gxhat = sum(g.multiply_elementwise(f.xhat)) / sym.D
         compact_dx = f.rstd * (g - mean_g * ones - f.xhat * mean_gxhat)
         return f.y.jacobian(sym.x).T * sym.dy - compact_dx
+    if name == "mean_path":
+        return sp.Matrix([_mean_path(f)[1]])
     N = f.xhat.jacobian(sym.x)
     if name == "symmetric":
         return N - N.T
@@ -317,9 +321,14 @@ def residuals(D: int) -> dict[str, sp.Matrix]:
     * ``"closed_form"``: ``J - diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)``,
     * ``"symmetric"``: ``N - N^T``,
     * ``"shift"``: ``N 1`` (adding a constant to a row changes nothing),
-    * ``"scale"``: ``N xhat - rstd * eps / (var + eps) * xhat``,
+    * ``"scale"``: ``N xhat - rstd * eps / (var + eps) * xhat``; with
+      ``eps = 0`` the scale direction ``xhat`` would be in the null space,
+      with ``eps > 0`` it is an eigenvector with the small eigenvalue
+      ``rstd * eps / (var + eps)``,
     * ``"compact_vjp"``: ``J^T dy - rstd (g - mean(g) - xhat mean(g xhat))``
-      with ``g = gamma * dy``.
+      with ``g = gamma * dy``,
+    * ``"mean_path"``: ``d var / d m`` at ``m = mu`` (1 x 1), the path from
+      ``x`` through the mean into the variance (see :func:`mean_path_term`).
 
     Returns
     -------
@@ -331,40 +340,14 @@ def residuals(D: int) -> dict[str, sp.Matrix]:
     return {name: _expanded(_residual(f, name), f) for name in IDENTITIES}
 
 
-def _prove(D: int, name: str) -> bool:
+def prove(D: int, name: str) -> bool:
+    """True when the identity ``name`` (one of :data:`IDENTITIES`) holds for rows of length ``D``.
+
+    One residual of :func:`residuals`, decided by :func:`is_identically_zero`:
+    a proof for all real ``x``, ``gamma``, ``dy`` and all ``epsilon > 0``.
+    """
     f = forward_exprs(D)
     return is_identically_zero(_residual(f, name), f)
-
-
-def prove_closed_form(D: int) -> bool:
-    """True when SymPy's ``dy/dx`` equals ``diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)``."""
-    return _prove(D, "closed_form")
-
-
-def prove_symmetric(D: int) -> bool:
-    """True when ``N = d xhat / dx`` is symmetric, ``N - N^T = 0``."""
-    return _prove(D, "symmetric")
-
-
-def prove_shift_invariance(D: int) -> bool:
-    """True when ``N 1 = 0``: shifting every entry of a row by the same amount leaves ``xhat`` unchanged."""
-    return _prove(D, "shift")
-
-
-def prove_scale_response(D: int) -> bool:
-    """True when ``N xhat = rstd * eps / (var + eps) * xhat``.
-
-    With ``eps = 0`` the scale direction ``xhat`` would be in the null space
-    (scaling a row about its mean would not change ``xhat``); with
-    ``eps > 0`` it is an eigenvector with the small eigenvalue
-    ``rstd * eps / (var + eps)``.
-    """
-    return _prove(D, "scale")
-
-
-def prove_compact_vjp(D: int) -> bool:
-    """True when ``(dy/dx)^T dy = rstd (g - mean(g) - xhat mean(g xhat))`` with ``g = gamma * dy``."""
-    return _prove(D, "compact_vjp")
 
 
 def mean_path_term(D: int) -> tuple[sp.Expr, sp.Expr]:
@@ -380,19 +363,8 @@ def mean_path_term(D: int) -> tuple[sp.Expr, sp.Expr]:
         The same at ``m = mu(x)``, expanded: 0, because the deviations from
         the mean sum to zero.
     """
-    f = forward_exprs(D)
-    m = sp.Symbol("m", real=True)
-    var_m = sum((xi - m) ** 2 for xi in f.sym.x) / f.sym.D
-    dvar_dm = sp.diff(var_m, m)
-    return dvar_dm, sp.expand(dvar_dm.xreplace({m: f.mu}))
-
-
-def prove_mean_path_vanishes(D: int) -> bool:
-    """True when the path from ``x`` through ``mu`` into the variance contributes nothing.
-
-    See :func:`mean_path_term`: ``d var / d m`` is zero at ``m = mu(x)``.
-    """
-    return mean_path_term(D)[1] == 0
+    dvar_dm, at_mean = _mean_path(forward_exprs(D))
+    return dvar_dm, sp.expand(at_mean)
 
 
 def vjp(D: int) -> tuple[sp.Matrix, sp.Matrix, sp.Matrix]:
@@ -467,9 +439,7 @@ def evaluate_vjp(x, gamma, dy, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarra
     dgamma, dbeta : ndarray, shape (D,), float64
         Summed over the rows, like :func:`lnorm.backward`.
     """
-    x = _as_float_array(x, "x")
-    if x.ndim == 0:
-        raise ValueError("x must have shape (..., D) with at least one dimension; got a 0-d array.")
+    x = _as_rows(x, "x")
     D = _check_D(x.shape[-1])
     gamma = _check_param(gamma, "gamma", D)
     dy = _as_float_array(dy, "dy")
@@ -490,14 +460,6 @@ def evaluate_vjp(x, gamma, dy, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarra
         dgamma += vals[:, 1]
         dbeta += vals[:, 2]
     return dx.reshape(x.shape), dgamma, dbeta
-
-
-def _check_cache(cache) -> LayerNormCache:
-    if not isinstance(cache, LayerNormCache):
-        raise TypeError(
-            f"cache must be the LayerNormCache returned by lnorm.forward; got {type(cache).__name__}."
-        )
-    return cache
 
 
 def jacobian_numpy(cache: LayerNormCache) -> np.ndarray:
@@ -534,10 +496,7 @@ def backward_via_jacobian(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.nda
     Same arguments and results as :func:`lnorm.backward` (``dx`` in float64),
     at O(D^2) time and memory per row instead of O(D).
     """
-    cache = _check_cache(cache)
-    dy = _as_float_array(dy, "dy")
-    if dy.shape != cache.shape:
-        raise ValueError(f"dy must have the shape of x, {cache.shape}, as recorded in the cache; got {dy.shape}.")
+    dy = _check_dy(dy, cache)
     dy64 = dy.astype(ACC_DTYPE)
     J = jacobian_numpy(cache)
     dx = np.einsum("...ij,...i->...j", J, dy64)

@@ -31,7 +31,7 @@ studied in each precision.
 
 Here :math:`u` is the unit roundoff of the accumulation dtype and
 :math:`\\kappa = \\sqrt{1 + \\mu^2/\\sigma^2}` the condition number of the
-variance (Chan, Golub and LeVeque 1983).
+variance (Chan, Golub and LeVeque 1983), :func:`condition_number`.
 
 NumPy's ``sum`` along a contiguous axis is pairwise, and for float16 it adds
 in float32 internally and rounds the total once; elementwise operations
@@ -46,7 +46,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from .core import SUPPORTED_DTYPES, _as_float_array
+from .core import SUPPORTED_DTYPES, _as_float_array, _as_rows
 
 __all__ = [
     "RowStats",
@@ -56,6 +56,7 @@ __all__ = [
     "chan",
     "exact",
     "exact_row",
+    "condition_number",
     "ALGORITHMS",
 ]
 
@@ -69,14 +70,7 @@ class RowStats(NamedTuple):
 
 def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
     """Validate ``x`` and ``dtype``; return ``x`` as a new array in the accumulation dtype."""
-    x = _as_float_array(x, "x")
-    if x.ndim == 0:
-        raise ValueError(
-            "x must have at least one dimension, shape (..., D); got a 0-d array. "
-            "Use x.reshape(1) for a single value."
-        )
-    if x.shape[-1] < 1:
-        raise ValueError("x must have a last axis of length D >= 1; got D = 0.")
+    x = _as_rows(x, "x")
     if dtype is None:
         acc = x.dtype
     else:
@@ -227,6 +221,25 @@ def chan(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
     return RowStats(mean[..., 0], m2[..., 0] / xa.dtype.type(D))
 
 
+def _exact_stats(values: list[float]) -> tuple[Fraction, Fraction]:
+    """Exact mean and variance of finite Python floats (see :func:`exact_row`)."""
+    ratios = [v.as_integer_ratio() for v in values]
+    K = max(den.bit_length() - 1 for _, den in ratios)  # denominators are powers of two
+    ints = [num << (K - (den.bit_length() - 1)) for num, den in ratios]
+    D = len(ints)
+    s1 = sum(ints)
+    s2 = sum(v * v for v in ints)
+    scale = 1 << K
+    return Fraction(s1, D * scale), Fraction(D * s2 - s1 * s1, D * D * scale * scale)
+
+
+def _check_finite(x: np.ndarray, name: str) -> None:
+    if not np.all(np.isfinite(x)):
+        raise ValueError(
+            f"{name} must hold finite values only: the exact variance of inf or nan is undefined."
+        )
+
+
 def exact_row(row: ArrayLike) -> tuple[Fraction, Fraction]:
     """Exact mean and (biased) variance of one row of floating values.
 
@@ -254,16 +267,8 @@ def exact_row(row: ArrayLike) -> tuple[Fraction, Fraction]:
     row = _as_float_array(row, "row")
     if row.ndim != 1 or row.shape[0] < 1:
         raise ValueError(f"row must be one-dimensional with D >= 1 values; got shape {row.shape}.")
-    if not np.all(np.isfinite(row)):
-        raise ValueError("row must hold finite values only: the exact variance of inf or nan is undefined.")
-    ratios = [v.as_integer_ratio() for v in row.tolist()]
-    K = max(den.bit_length() - 1 for _, den in ratios)  # denominators are powers of two
-    ints = [num << (K - (den.bit_length() - 1)) for num, den in ratios]
-    D = len(ints)
-    s1 = sum(ints)
-    s2 = sum(v * v for v in ints)
-    scale = 1 << K
-    return Fraction(s1, D * scale), Fraction(D * s2 - s1 * s1, D * D * scale * scale)
+    _check_finite(row, "row")
+    return _exact_stats(row.tolist())
 
 
 def exact(x: ArrayLike) -> RowStats:
@@ -287,14 +292,41 @@ def exact(x: ArrayLike) -> RowStats:
     hundred values take well under a second).
     """
     x = _prepare(x, None)
-    rows = x.reshape(-1, x.shape[-1])
-    mean = np.empty(rows.shape[0])
-    var = np.empty(rows.shape[0])
+    _check_finite(x, "x")
+    rows = x.reshape(-1, x.shape[-1]).tolist()
+    mean = np.empty(len(rows))
+    var = np.empty(len(rows))
     for i, row in enumerate(rows):
-        m, v = exact_row(row)
+        m, v = _exact_stats(row)
         # float(Fraction) divides two Python ints: correctly rounded.
         mean[i], var[i] = float(m), float(v)
     return RowStats(mean.reshape(x.shape[:-1]), var.reshape(x.shape[:-1]))
+
+
+def condition_number(stats: RowStats) -> np.ndarray:
+    """Condition number of the variance of each row, :math:`\\kappa = \\sqrt{1 + \\mu^2/\\sigma^2}`.
+
+    A relative perturbation of size :math:`u` in every value changes the
+    variance by a relative amount of at most about :math:`2u\\kappa`; the naive
+    formula's rounding error is about :math:`u\\kappa^2` (Chan, Golub and
+    LeVeque 1983). :math:`\\kappa = 1` for a row centred at zero and about
+    :math:`|\\mu|/\\sigma` for a row whose mean is large against its spread.
+
+    Parameters
+    ----------
+    stats : RowStats
+        The mean and variance of the rows, usually :func:`exact`'s.
+
+    Returns
+    -------
+    ndarray, float64, shape of ``stats.var``
+        ``inf`` for a constant nonzero row (:math:`\\sigma^2 = 0`), ``nan``
+        for a row of zeros; no warning is raised for either.
+    """
+    mean = np.asarray(stats.mean, dtype=np.float64)
+    var = np.asarray(stats.var, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sqrt(1.0 + mean * mean / var)
 
 
 #: The floating algorithms by name, each ``f(x, dtype) -> RowStats``.

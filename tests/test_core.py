@@ -8,60 +8,7 @@ import pytest
 
 import lnorm
 from lnorm.core import LayerNormCache, backward, forward
-
-EPS = 1e-5
-
-
-# --- an independent reference, written step by step in float64 ----------------
-
-def chain_rule_forward(x, gamma, beta, eps=EPS):
-    """Forward as a graph of small nodes; returns y and every intermediate."""
-    D = x.shape[-1]
-    mu = x.sum(-1, keepdims=True) / D
-    xc = x - mu
-    var = (xc ** 2).sum(-1, keepdims=True) / D
-    std = np.sqrt(var + eps)
-    rstd = 1.0 / std
-    xhat = xc * rstd
-    y = gamma * xhat + beta
-    return y, dict(D=D, xc=xc, var=var, rstd=rstd, xhat=xhat)
-
-
-def chain_rule_backward(dy, gamma, t, eps=EPS):
-    """Backpropagate through each node in turn: affine -> normalize -> variance -> mean."""
-    D, xc, var, rstd, xhat = t["D"], t["xc"], t["var"], t["rstd"], t["xhat"]
-    lead = tuple(range(dy.ndim - 1))
-    dgamma = (dy * xhat).sum(lead)
-    dbeta = dy.sum(lead)
-    dxhat = dy * gamma
-    # xhat = xc * rstd: two paths, through xc directly and through rstd.
-    dxc = dxhat * rstd
-    drstd = (dxhat * xc).sum(-1, keepdims=True)
-    # rstd = (var + eps) ** -1/2
-    dvar = drstd * (-0.5) * (var + eps) ** -1.5
-    # var = sum(xc**2) / D
-    dxc = dxc + dvar * 2.0 * xc / D
-    # xc = x - mu, mu = sum(x) / D
-    dmu = -dxc.sum(-1, keepdims=True)
-    dx = dxc + dmu / D
-    return dx, dgamma, dbeta
-
-
-def make_inputs(shape, dtype=np.float64, seed=0, loc=0.0, scale=1.0):
-    rng = np.random.default_rng(seed)
-    D = shape[-1]
-    x = rng.normal(loc, scale, size=shape).astype(dtype)
-    gamma = rng.normal(1.0, 0.5, size=D).astype(dtype)
-    beta = rng.normal(0.0, 0.5, size=D).astype(dtype)
-    dy = rng.normal(size=shape).astype(dtype)
-    return x, gamma, beta, dy
-
-
-def max_rel_err(a, ref):
-    """Max-norm relative error ||a - ref||_inf / ||ref||_inf."""
-    a = np.asarray(a, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    return np.max(np.abs(a - ref)) / np.max(np.abs(ref))
+from reference import EPS, chain_rule_backward, chain_rule_forward, make_inputs, max_rel_err
 
 
 # --- correctness ----------------------------------------------------------------

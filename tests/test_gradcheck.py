@@ -146,6 +146,17 @@ def test_complex_step_refuses_a_loss_that_drops_the_imaginary_part(ab):
         complex_step(lambda a, b: (np.abs(a) ** 2).sum() + b.sum(), ab)
 
 
+@pytest.mark.parametrize("layout", ["fortran", "strided"])
+def test_estimates_do_not_depend_on_the_memory_layout(layout):
+    # The perturbed copy must be the array f sees, whatever the caller's layout.
+    base = np.random.default_rng(9).normal(size=(3, 8))
+    a = np.asfortranarray(base) if layout == "fortran" else base[:, ::2]
+    exact = np.cos(a)
+    f = lambda v: np.sin(v).sum()  # noqa: E731
+    assert rel_error(exact, complex_step(f, [a])[0]) < 4 * U64
+    assert rel_error(exact, central_difference(f, [a])[0]) < 1e-9
+
+
 def test_complex_step_on_float32_inputs_uses_complex64():
     a = [np.array([0.3, -1.2, 2.0], dtype=np.float32)]
     seen = []

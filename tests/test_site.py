@@ -5,7 +5,10 @@ and opened in headless Chromium, with every address outside the machine sent
 to a proxy that refuses and records it. After MathJax has run, the page's DOM
 must show no traceback, no unrendered TeX, no missing image, no broken
 internal link, and the page must have asked for nothing outside the site.
-A static pass over all the built HTML checks every internal link and anchor.
+Static passes over the built HTML check what a reader relies on without a
+browser: every internal link and anchor, the downloads, the bibliography,
+the glossary, chapter and equation numbers. (tests/test_book.py checks the
+build itself: its log, the execution of the chapters, the glue.)
 
 Run by ``make test`` after the book is built (``make site-tests``). Set
 ``LNORM_SITE_DIR`` to check a build made elsewhere (``--path-output``).
@@ -16,7 +19,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import os
 import posixpath
 import re
 import shutil
@@ -33,11 +35,10 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 from bs4 import BeautifulSoup
+from built_site import ROOT, SITE, toc_docnames
 
 pytestmark = pytest.mark.built_book
 
-ROOT = Path(__file__).resolve().parents[1]
-SITE = Path(os.environ.get("LNORM_SITE_DIR", ROOT / "_build" / "html")).resolve()
 
 # Chromium contacts these hosts on its own (component updates, clock, sign-in),
 # whatever page it shows. Listed exactly, so that a page loading anything from
@@ -82,25 +83,6 @@ IMAGE_MAGIC = {".png": b"\x89PNG\r\n\x1a\n", ".jpg": b"\xff\xd8", ".jpeg": b"\xf
 NON_LINK_SCHEMES = ("mailto:", "javascript:", "data:", "tel:", "blob:", "about:")
 
 
-def toc_docnames() -> list[str]:
-    """Docnames of every page in ``_toc.yml``, root first, in reading order."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-    names = [toc["root"]]
-
-    def walk(node: object) -> None:
-        if isinstance(node, dict):
-            if "file" in node:
-                names.append(str(node["file"]))
-            for key in ("parts", "chapters", "sections"):
-                walk(node.get(key, []))
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk({key: toc[key] for key in ("parts", "chapters") if key in toc})
-    return [posixpath.splitext(name)[0] for name in names]
-
-
 PAGES = toc_docnames()
 CHAPTERS = PAGES[1:]  # the root page (intro) is not numbered
 
@@ -136,6 +118,12 @@ def ids_in(relpath: str) -> frozenset[str]:
     return frozenset(ids)
 
 
+def target_of(page: str, href: str) -> str:
+    """The site-relative path an address on ``page`` points to (``page`` itself for ``#anchor``)."""
+    path = unquote(urlsplit(href).path)
+    return posixpath.normpath(posixpath.join(posixpath.dirname(page), path)) if path else page
+
+
 def check_reference(page: str, value: str, loading: bool) -> str | None:
     """Why a reference found on ``page`` (site-relative path) is broken, or None.
 
@@ -148,12 +136,9 @@ def check_reference(page: str, value: str, loading: bool) -> str | None:
     parts = urlsplit(value)
     if parts.scheme or parts.netloc:
         return f"loads {value} from outside the site" if loading else None
-    if parts.path:
-        target = posixpath.normpath(posixpath.join(posixpath.dirname(page), unquote(parts.path)))
-        if target.startswith("../") or target == "..":
-            return f"{value} points outside the site"
-    else:
-        target = page
+    target = target_of(page, value)
+    if target.startswith("../") or target == "..":
+        return f"{value} points outside the site"
     path = SITE / target
     if path.is_dir():
         target = posixpath.join(target, "index.html")
@@ -164,11 +149,6 @@ def check_reference(page: str, value: str, loading: bool) -> str | None:
         if unquote(parts.fragment) not in ids_in(target):
             return f"{value}: no anchor #{parts.fragment} in {target}"
     return None
-
-
-def site_file(page: str, href: str) -> Path:
-    """The file a relative address on ``page`` points to."""
-    return SITE / posixpath.normpath(posixpath.join(posixpath.dirname(page), unquote(urlsplit(href).path)))
 
 
 def broken_references(page: str, soup: BeautifulSoup) -> list[str]:
@@ -380,9 +360,9 @@ def test_page_images_exist(visits: dict[str, Visit], docname: str) -> None:
         assert problem is None, problem
         if src.startswith("data:"):
             continue
-        path = site_file(page, src)
-        assert "/" + path.relative_to(SITE).as_posix() in served, f"the browser did not load {src}"
-        head, suffix = path.read_bytes()[:512], path.suffix.lower()
+        target = target_of(page, src)
+        assert f"/{target}" in served, f"the browser did not load {src}"
+        head, suffix = (SITE / target).read_bytes()[:512], posixpath.splitext(target)[1].lower()
         if suffix == ".svg":
             assert b"<svg" in head, f"{src} is not an SVG image"
         else:
@@ -405,7 +385,6 @@ def test_every_internal_link_and_anchor_resolves() -> None:
         for path in sorted(SITE.rglob("*.html"))
         if path.relative_to(SITE).parts[0] not in {"_static", "_sources"}
     ]
-    assert {f"{name}.html" for name in PAGES} <= set(pages), "a toc page was not built"
     problems = []
     for page in pages:
         soup = built(page)
@@ -444,7 +423,7 @@ def test_chapter_offers_its_source_for_download(docname: str) -> None:
     assert sources, f"no .md in the download menu: {downloads}"
     # The download is the page's MyST source (compared within the build, so a
     # chapter edited after the build does not count as a failure here).
-    source = site_file(page, sources[0]).read_text(encoding="utf-8")
+    source = (SITE / target_of(page, sources[0])).read_text(encoding="utf-8")
     h1 = soup.select_one("article h1")
     title = h1.find(string=True, recursive=False) or h1.get_text()
     assert re.search(rf"^# .*{re.escape(title.strip()[:20])}", source, re.M), "the .md is not this page's source"
@@ -452,7 +431,7 @@ def test_chapter_offers_its_source_for_download(docname: str) -> None:
         return
     ipynb = [href for href in downloads if href.endswith(".ipynb")]
     assert ipynb, f"no .ipynb in the download menu: {downloads}"
-    notebook = json.loads(site_file(page, ipynb[0]).read_text(encoding="utf-8"))
+    notebook = json.loads((SITE / target_of(page, ipynb[0])).read_text(encoding="utf-8"))
     code_cells = [cell for cell in notebook["cells"] if cell["cell_type"] == "code"]
     assert notebook["nbformat"] == 4
     assert len(code_cells) == len(re.findall(r"^```\{code-cell\}", source, re.M))
@@ -484,9 +463,7 @@ def test_citations_link_to_the_bibliography(docname: str) -> None:
     entry_ids = {div["id"] for div in built(bib_page).select("div.citation[id]")}
     links = 0
     for a in built(page).find_all("a", href=True):
-        parts = urlsplit(a["href"])
-        target = posixpath.normpath(posixpath.join(posixpath.dirname(page), parts.path)) if parts.path else page
-        links += target == bib_page and parts.fragment in entry_ids
+        links += target_of(page, a["href"]) == bib_page and urlsplit(a["href"]).fragment in entry_ids
     assert links >= len(cited), f"{len(cited)} citations in the source, {links} links to {bib_page}"
 
 

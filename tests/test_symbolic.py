@@ -13,20 +13,24 @@ DS = range(2, 7)
 # --- the identities, proved by SymPy for D = 2..6 -----------------------------
 
 
-PROVERS = [
-    S.prove_closed_form,  # dy/dx = diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)
-    S.prove_symmetric,  # N = dxhat/dx is symmetric
-    S.prove_shift_invariance,  # N 1 = 0
-    S.prove_scale_response,  # N xhat = rstd eps/(var + eps) xhat
-    S.prove_compact_vjp,  # J^T dy = rstd (g - mean(g) - xhat mean(g xhat))
-    S.prove_mean_path_vanishes,  # d var / d mu = 0 at the mean
-]
+# What each name in S.IDENTITIES claims:
+#   closed_form  dy/dx = diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)
+#   symmetric    N = dxhat/dx is symmetric
+#   shift        N 1 = 0
+#   scale        N xhat = rstd eps/(var + eps) xhat
+#   compact_vjp  J^T dy = rstd (g - mean(g) - xhat mean(g xhat))
+#   mean_path    d var / d mu = 0 at the mean
 
 
 @pytest.mark.parametrize("D", DS)
-@pytest.mark.parametrize("prove", PROVERS, ids=lambda f: f.__name__)
-def test_identity_is_proved(prove, D):
-    assert prove(D) is True
+@pytest.mark.parametrize("name", S.IDENTITIES)
+def test_identity_is_proved(name, D):
+    assert S.prove(D, name) is True
+
+
+def test_prove_rejects_an_unknown_identity():
+    with pytest.raises(ValueError, match="name must be one of"):
+        S.prove(3, "antisymmetric")
 
 
 @pytest.mark.parametrize("D", DS)
@@ -39,7 +43,14 @@ def test_mean_path_term_is_zero_only_at_the_mean(D):
 def test_residuals_are_zero_matrices_of_the_right_shape():
     res = S.residuals(3)
     assert set(res) == set(S.IDENTITIES)
-    shapes = {"closed_form": (3, 3), "symmetric": (3, 3), "shift": (3, 1), "scale": (3, 1), "compact_vjp": (3, 1)}
+    shapes = {
+        "closed_form": (3, 3),
+        "symmetric": (3, 3),
+        "shift": (3, 1),
+        "scale": (3, 1),
+        "compact_vjp": (3, 1),
+        "mean_path": (1, 1),
+    }
     for name, M in res.items():
         assert M.shape == shapes[name]
         assert M == sp.zeros(*shapes[name]), name

@@ -8,7 +8,18 @@ import numpy as np
 import pytest
 
 from lnorm import variance
-from lnorm.variance import ALGORITHMS, RowStats, chan, exact, exact_row, naive, two_pass, welford
+from lnorm.gradcheck import unit_roundoff
+from lnorm.variance import (
+    ALGORITHMS,
+    RowStats,
+    chan,
+    condition_number,
+    exact,
+    exact_row,
+    naive,
+    two_pass,
+    welford,
+)
 
 FLOATS = (np.float32, np.float64)
 # Rows of D = 256 values are summed pairwise: the sums' error constant is log2(D) = 8.
@@ -24,15 +35,6 @@ def rows_with_offset(offset, dtype, rows=16, D=256, seed=0):
 def rel_var_err(stats, ref):
     """Worst relative error of the variance over the rows."""
     return float(np.max(np.abs(stats.var.astype(np.float64) - ref.var) / ref.var))
-
-
-def kappa(ref):
-    """Condition number sqrt(1 + mean^2 / var) of each row (Chan, Golub and LeVeque)."""
-    return np.sqrt(1.0 + ref.mean**2 / ref.var)
-
-
-def unit_roundoff(dtype):
-    return float(np.finfo(dtype).eps) / 2
 
 
 # --- exact: hand-made rows ----------------------------------------------------
@@ -90,6 +92,19 @@ def test_exact_rounds_once_to_float64_for_every_row():
     assert (out.mean[1, 1], out.var[1, 1]) == (float(m), float(v))
 
 
+def test_condition_number_on_hand_made_rows():
+    # [1, 2, 3, 4]: mean 5/2, var 5/4, kappa^2 = 1 + (25/4) / (5/4) = 6.
+    stats = exact(np.array([[1.0, 2.0, 3.0, 4.0], [-1.0, 1.0, -1.0, 1.0], [3.0, 3.0, 3.0, 3.0]]))
+    k = condition_number(stats)
+    assert k.dtype == np.float64 and k.shape == (3,)
+    assert k[0] == pytest.approx(np.sqrt(6.0), rel=1e-15)
+    assert k[1] == 1.0  # centred at zero
+    assert k[2] == np.inf  # constant row: no spread left to measure
+    # Large offset: kappa ~ |mean| / std.
+    big = condition_number(RowStats(np.array(-1e6), np.array(4.0)))
+    assert big == pytest.approx(5e5, rel=1e-11)
+
+
 # --- the floating algorithms against exact ------------------------------------
 
 
@@ -99,7 +114,7 @@ def test_naive_fails_where_two_pass_passes(dtype, offset):
     ref = exact(x)
     u = unit_roundoff(dtype)
     # u * kappa^2 is about 0.06 (float32) and 1e-4 (float64) here.
-    assert rel_var_err(naive(x, dtype), ref) > 1e3 * u * np.median(kappa(ref))
+    assert rel_var_err(naive(x, dtype), ref) > 1e3 * u * np.median(condition_number(ref))
     assert rel_var_err(two_pass(x, dtype), ref) <= 10 * u
 
 
@@ -109,11 +124,10 @@ def test_naive_error_grows_like_u_kappa_squared(dtype):
     for offset in (1e1, 1e2, 1e3):
         x = rows_with_offset(offset, dtype)
         ref = exact(x)
-        k2u = u * np.max(kappa(ref)) ** 2
+        k2u = u * np.max(condition_number(ref)) ** 2
         err = rel_var_err(naive(x, dtype), ref)
         assert err <= 4 * D_SUM_FACTOR * k2u + 4 * u
         assert err >= 0.05 * k2u
-
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -122,7 +136,7 @@ def test_two_pass_error_is_u_plus_u_kappa_squared(dtype):
     for offset in (0.0, 1e2, 1e4, 1e5):
         x = rows_with_offset(offset, dtype)
         ref = exact(x)
-        k = np.max(kappa(ref))
+        k = np.max(condition_number(ref))
         assert rel_var_err(two_pass(x, dtype), ref) <= 10 * u + 100 * (u * k) ** 2
 
 
@@ -133,7 +147,7 @@ def test_welford_and_chan_stay_within_their_linear_in_kappa_bounds(dtype):
     for offset in (0.0, 1e2, 1e4):
         x = rows_with_offset(offset, dtype, D=D)
         ref = exact(x)
-        k = np.max(kappa(ref))
+        k = np.max(condition_number(ref))
         assert rel_var_err(welford(x, dtype), ref) <= D * u * k  # Chan et al.: O(D u kappa)
         assert rel_var_err(chan(x, dtype), ref) <= 2 * np.log2(D) * u * k  # O(log2 D u kappa)
 
@@ -266,7 +280,7 @@ def test_bad_arguments_get_clear_errors(name, x, dtype, exc, words):
 
 
 def test_exact_rejects_non_finite_values_and_bad_rows():
-    with pytest.raises(ValueError, match="finite"):
+    with pytest.raises(ValueError, match="x must hold finite values"):
         exact(np.array([[1.0, np.nan]]))
     with pytest.raises(ValueError, match="finite"):
         exact_row(np.array([1.0, np.inf]))

@@ -43,7 +43,9 @@ class AuthorYearLabels(BaseLabelStyle):
         repeated = {label for label, count in Counter(labels).items() if count > 1}
         seen: Counter[str] = Counter()
         for label in labels:
-            # Same authors and year twice: 2016a, 2016b, as author-year styles do.
+            # Same authors and year twice: 2016a, 2016b, as author-year styles
+            # do. Needed: sphinxcontrib-bibtex warns on a duplicate label, and
+            # the book builds with warnings as errors.
             suffix = chr(ord("a") + seen[label]) if label in repeated else ""
             seen[label] += 1
             yield label + suffix

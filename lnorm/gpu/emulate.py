@@ -183,9 +183,6 @@ def backward(
     mean_g = (row_sum(g, p) / D)[:, None]
     mean_gxhat = (row_sum(g * xhat, p) / D)[:, None]
     dx = ((g - mean_g) - xhat * mean_gxhat) * rs
-    if p.rows == 0:
-        zeros = np.zeros(p.D, dtype=F32)
-        return dx.astype(x.dtype).reshape(x.shape), zeros, zeros.copy()
     dgamma = reduce_partials(strip_sums(dy32 * xhat, p))
     dbeta = reduce_partials(strip_sums(dy32, p))
     return dx.astype(x.dtype).reshape(x.shape), dgamma, dbeta

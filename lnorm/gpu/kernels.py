@@ -45,10 +45,11 @@ KERNEL_FILES = ("layernorm_forward.cu", "layernorm_backward.cu")
 COMPILE_OPTIONS = ("--fmad=false", "-ftz=false", "-std=c++17")
 #: Architectures the PTX is generated and inspected for (A100, H100).
 ARCHS = ("sm_80", "sm_90")
-#: Backward: every row group takes a strip of at least this many rows, so the
-#: (row_groups, D) float32 partial sums of dgamma and dbeta (written once, read
-#: once) add at most 2 * 2 * 4 / 16 = 1 byte per element to the traffic; and
-#: there are at most this many row groups.
+#: Backward: every row group takes a strip of at least this many rows (the
+#: last strip may be shorter), so the (row_groups, D) float32 partial sums of
+#: dgamma and dbeta (written once, read once) add about 2 * 2 * 4 / 16 = 1 byte
+#: per element to the traffic at most (:attr:`LaunchPlan.partials_bytes`); and
+#: there are at most MAX_ROW_GROUPS row groups.
 MIN_ROWS_PER_GROUP = 16
 MAX_ROW_GROUPS = 4096
 
@@ -259,6 +260,16 @@ class LaunchPlan:
     row_groups: int
     rows_per_group: int
     backward_grid: int
+
+    @property
+    def partials_bytes(self) -> int:
+        """Backward: bytes of the ``(row_groups, D)`` float32 partial sums of dgamma and dbeta.
+
+        Two buffers of ``row_groups * D`` float32 values, each written once by
+        the backward kernel and read once by the reduction:
+        ``2 * 2 * 4 * row_groups * D``.
+        """
+        return 2 * 2 * 4 * self.row_groups * self.D
 
     @property
     def vecs_per_thread(self) -> int:

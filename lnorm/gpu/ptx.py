@@ -54,6 +54,8 @@ class MemoryOp:
         Bits per element (16 or 32).
     in_loop : bool
         Inside a loop of the PTX (between a label and a later branch back to it).
+    offset : int
+        The constant byte offset of the address (``[%rd2+512]``: 512; 0 if none).
     """
 
     kind: str
@@ -61,6 +63,7 @@ class MemoryOp:
     vector: int
     bits: int
     in_loop: bool
+    offset: int
 
     @property
     def bytes(self) -> int:
@@ -89,6 +92,9 @@ class KernelPTX:
         The block-size bound from ``__launch_bounds__`` (``.maxntid``).
     opcodes : Counter
         How many times each opcode occurs.
+    lines : tuple of str
+        The body, one line each (declarations, labels, instructions), guards
+        (``@%p1``) removed.
     """
 
     name: str
@@ -99,6 +105,7 @@ class KernelPTX:
     local_bytes: int
     max_threads: int | None
     opcodes: Counter
+    lines: tuple[str, ...]
 
     def ops(self, kind: str, argument: str | None = None, *, in_loop: bool | None = None) -> list[MemoryOp]:
         """Loads (``"ld"``) or stores (``"st"``), optionally of one argument, or in loops only."""
@@ -109,6 +116,14 @@ class KernelPTX:
             and (argument is None or op.argument == argument)
             and (in_loop is None or op.in_loop == in_loop)
         ]
+
+    def per_argument(self, kind: str, *, in_loop: bool | None = None) -> dict[str, tuple[int, int]]:
+        """``{argument: (instructions, bytes)}``: what one thread loads or stores of each argument."""
+        out: dict[str, tuple[int, int]] = {}
+        for op in self.ops(kind, in_loop=in_loop):
+            n, b = out.get(op.argument, (0, 0))
+            out[op.argument] = (n + 1, b + op.bytes)
+        return out
 
     def count(self, prefix: str) -> int:
         """Instructions whose opcode starts with ``prefix`` (``"shfl"``, ``"atom"``, ``"fma"``)."""
@@ -187,10 +202,11 @@ def _inspect_entry(name, param_block, directives, body, module_shared, names) ->
         if not m:
             continue
         kind, suffixes, operands = m.groups()
-        address = re.search(r"\[(%\w+)", operands)
+        address = re.search(r"\[(%\w+)(?:\+(-?\d+))?\]", operands)
         sources = origin.get(address.group(1), set()) if address else set()
         argument = label[next(iter(sources))] if len(sources) == 1 else "?"
-        memory_ops.append(MemoryOp(kind, argument, *_width(suffixes), in_loop=i in loops))
+        offset = int(address.group(2) or 0) if address else 0
+        memory_ops.append(MemoryOp(kind, argument, *_width(suffixes), in_loop=i in loops, offset=offset))
 
     shared = sum(int(bits) // 8 * int(n) for bits, _, n in _SHARED_DECL.findall(body))
     shared += sum(size for var, size in module_shared.items() if re.search(rf"\b{var}\b", body))
@@ -211,6 +227,7 @@ def _inspect_entry(name, param_block, directives, body, module_shared, names) ->
         local_bytes=local,
         max_threads=max_threads,
         opcodes=opcodes,
+        lines=tuple(line for line in lines if line),
     )
 
 

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bench import reference_backward
+from ..core import forward_formula
 from .kernels import (
     KERNEL_FILES,
     check_backward_args,
@@ -169,58 +171,44 @@ class FusedLayerNorm:
         return dx, dgamma, dbeta
 
 
-def _array_module(a):
-    """CuPy for a CuPy array, NumPy otherwise (no CuPy import needed for NumPy input)."""
-    if type(a).__module__.startswith("cupy"):
-        import cupy
-
-        return cupy
-    return np
-
-
 def unfused_forward(x, gamma, beta, eps: float = 1e-5) -> tuple:
-    """The forward written op by op (float32 arithmetic), for comparison.
+    """The forward written op by op in float32, for comparison.
 
-    Each line is its own kernel launch on the GPU (CuPy arrays) or its own
-    loop on the CPU (NumPy arrays), with its own full-size temporary: the
+    :func:`lnorm.core.forward_formula` on float32 arrays (float16 is converted
+    first and last): one kernel launch on the GPU (CuPy arrays) or one loop
+    on the CPU (NumPy arrays) and one full-size temporary per operator, the
     ``"numpy"`` schedule of :mod:`lnorm.cost`.
 
     Returns
     -------
     y : array, shape and dtype of ``x``
-    mean, rstd : array, float32, shape ``x.shape[:-1]``
+    mean, rstd : array, float32, shape ``x.shape[:-1]``, as the fused backward takes them
     """
-    xp = _array_module(x)
-    x32 = x.astype(xp.float32)
-    mean = x32.mean(axis=-1, keepdims=True)
-    xc = x32 - mean
-    var = (xc * xc).mean(axis=-1, keepdims=True)
-    rstd = 1.0 / xp.sqrt(var + xp.float32(eps))
-    xhat = xc * rstd
-    y = xhat * gamma.astype(xp.float32) + beta.astype(xp.float32)
-    return y.astype(x.dtype), mean[..., 0], rstd[..., 0]
+    x32 = x.astype("float32", copy=False)  # float32 input: no copy, no extra pass
+    y, mean, rstd, _ = forward_formula(x32, gamma.astype("float32"), beta.astype("float32"), eps)
+    return y.astype(x.dtype, copy=False), mean[..., 0], rstd[..., 0]
 
 
 def unfused_backward(dy, x, gamma, mean, rstd) -> tuple:
-    """The backward written op by op (float32 arithmetic), for comparison.
+    """The backward written op by op in float32, for comparison.
+
+    ``xhat = (x - mean) * rstd`` recovered in two operators, then
+    :func:`lnorm.bench.reference_backward` on float32 arrays: the program
+    :func:`lnorm.cost.numpy_program` counts for ``saved="x_mean_rstd"``.
 
     Returns
     -------
     dx : array, shape and dtype of ``x``
     dgamma, dbeta : array, float32, shape (D,)
     """
-    xp = _array_module(x)
     D = x.shape[-1]
-    dy32 = dy.astype(xp.float32)
-    xhat = (x.astype(xp.float32) - mean[..., None]) * rstd[..., None]
-    g = dy32 * gamma.astype(xp.float32)
-    mean_g = g.sum(axis=-1, keepdims=True) / D
-    mean_gxhat = (g * xhat).sum(axis=-1, keepdims=True) / D
-    dx = rstd[..., None] * (g - mean_g - xhat * mean_gxhat)
-    lead = tuple(range(x.ndim - 1))
-    dgamma = (dy32 * xhat).sum(axis=lead)
-    dbeta = dy32.sum(axis=lead)
-    return dx.astype(x.dtype), dgamma, dbeta
+    x32 = x.reshape(-1, D).astype("float32", copy=False)
+    dy32 = dy.reshape(-1, D).astype("float32", copy=False)
+    rstd = rstd.reshape(-1, 1)
+    xc = x32 - mean.reshape(-1, 1)
+    xhat = xc * rstd
+    dx, dgamma, dbeta = reference_backward(dy32, (xhat, rstd), gamma.astype("float32"))
+    return dx.astype(x.dtype, copy=False).reshape(x.shape), dgamma, dbeta
 
 
 def cuda_time(

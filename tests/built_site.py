@@ -1,0 +1,33 @@
+"""Where the built site is, and which pages it must have: shared by the tests
+of the built book (tests/test_book.py, tests/test_site.py)."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+# LNORM_SITE_DIR checks a build made elsewhere (jupyter-book --path-output).
+SITE = Path(os.environ.get("LNORM_SITE_DIR", ROOT / "_build" / "html")).resolve()
+
+
+def toc_docnames() -> list[str]:
+    """Docnames of every page in ``_toc.yml``, root first, in reading order."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+    names = [toc["root"]]
+
+    def walk(node: object) -> None:
+        if isinstance(node, dict):
+            if "file" in node:
+                names.append(str(node["file"]))
+            for key in ("parts", "chapters", "sections"):
+                walk(node.get(key, []))
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk({key: toc[key] for key in ("parts", "chapters") if key in toc})
+    return [posixpath.splitext(name)[0] for name in names]

@@ -1,0 +1,65 @@
+"""Helpers the core tests share: seeded inputs, an independent float64
+reference (the chain rule, node by node) and the max-norm relative error."""
+
+import numpy as np
+
+EPS = 1e-5
+
+
+def make_inputs(shape, dtype=np.float64, seed=0, loc=0.0, scale=1.0, param_scale=0.5):
+    """Seeded x ~ N(loc, scale), gamma ~ N(1, param_scale), beta ~ N(0, param_scale), dy ~ N(0, 1)."""
+    rng = np.random.default_rng(seed)
+    D = shape[-1]
+    x = rng.normal(loc, scale, size=shape).astype(dtype)
+    gamma = rng.normal(1.0, param_scale, size=D).astype(dtype)
+    beta = rng.normal(0.0, param_scale, size=D).astype(dtype)
+    dy = rng.normal(size=shape).astype(dtype)
+    return x, gamma, beta, dy
+
+
+def chain_rule_forward(x, gamma, beta, eps=EPS, mean=None, var=None):
+    """Forward as a graph of small nodes; returns y and every intermediate.
+
+    ``mean`` and ``var`` (shape ``(..., 1)``), when given, replace the
+    computed statistics: the exact ones of lnorm.variance.exact, for example.
+    """
+    D = x.shape[-1]
+    mu = x.sum(-1, keepdims=True) / D if mean is None else mean
+    xc = x - mu
+    if var is None:
+        var = (xc ** 2).sum(-1, keepdims=True) / D
+    std = np.sqrt(var + eps)
+    rstd = 1.0 / std
+    xhat = xc * rstd
+    y = gamma * xhat + beta
+    return y, dict(D=D, xc=xc, var=var, rstd=rstd, xhat=xhat)
+
+
+def chain_rule_backward(dy, gamma, t, eps=EPS):
+    """Backpropagate through each node in turn: affine -> normalize -> variance -> mean."""
+    D, xc, var, rstd, xhat = t["D"], t["xc"], t["var"], t["rstd"], t["xhat"]
+    lead = tuple(range(dy.ndim - 1))
+    dgamma = (dy * xhat).sum(lead)
+    dbeta = dy.sum(lead)
+    dxhat = dy * gamma
+    # xhat = xc * rstd: two paths, through xc directly and through rstd.
+    dxc = dxhat * rstd
+    drstd = (dxhat * xc).sum(-1, keepdims=True)
+    # rstd = (var + eps) ** -1/2
+    dvar = drstd * (-0.5) * (var + eps) ** -1.5
+    # var = sum(xc**2) / D
+    dxc = dxc + dvar * 2.0 * xc / D
+    # xc = x - mu, mu = sum(x) / D
+    dmu = -dxc.sum(-1, keepdims=True)
+    dx = dxc + dmu / D
+    return dx, dgamma, dbeta
+
+
+def max_rel_err(a, ref, axis=None):
+    """Max-norm relative error ||a - ref||_inf / ||ref||_inf.
+
+    With ``axis=-1``: that error for each row, and the worst row.
+    """
+    a = np.asarray(a, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.max(np.abs(a - ref).max(axis) / np.abs(ref).max(axis)))
