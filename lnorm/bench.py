@@ -10,6 +10,9 @@ Run ``python -m lnorm.bench`` (``--help`` for the options). One run measures
   operator, in the input dtype); ``plain``, :func:`lnorm.forward` /
   :func:`lnorm.backward` (op by op, in float64); ``tiled``, the same with
   ``block_rows=tile_rows(D)`` (blocks whose float64 buffers stay in cache);
+* and a fourth backward, ``tiled_f32``: the tiled backward with
+  ``work_dtype=np.float32`` (float32 arithmetic, as the GPU kernels do; for
+  float16 and float32 inputs only, since it would round float64 ones);
 
 and prints, for each, the median time and that time as a multiple of the
 **bandwidth floor**: the bytes the operation must move (each input read once,
@@ -71,7 +74,8 @@ __all__ = [
 
 DEFAULT_SHAPES = ((1, 128, 256), (4, 256, 512), (8, 512, 1024))
 QUICK_SHAPES = ((1, 128, 256), (8, 512, 1024))
-IMPLEMENTATIONS = ("reference", "plain", "tiled")
+IMPLEMENTATIONS = ("reference", "plain", "tiled", "tiled_f32")
+F32 = np.dtype(np.float32)
 EPS = 1e-5
 
 
@@ -145,20 +149,31 @@ def floor_bytes(direction: str, shape: Sequence[int], dtype) -> int:
 
 
 def _calls(shape, dtype, block_rows: int | None):
-    """Zero-argument callables for every (implementation, direction)."""
+    """Zero-argument callables for every (implementation, direction) that applies.
+
+    Also returns the rows per block of each tiled implementation.
+    """
     x, gamma, beta, dy = make_inputs(shape, dtype)
     D = shape[-1]
     br = tile_rows(D) if block_rows is None else block_rows
     _, saved = reference_forward(x, gamma, beta)
     _, cache = forward(x, gamma, beta)
-    return {
+    calls = {
         ("reference", "forward"): lambda: reference_forward(x, gamma, beta),
         ("reference", "backward"): lambda: reference_backward(dy, saved, gamma),
         ("plain", "forward"): lambda: forward(x, gamma, beta),
         ("plain", "backward"): lambda: backward(dy, cache),
         ("tiled", "forward"): lambda: forward(x, gamma, beta, block_rows=br),
         ("tiled", "backward"): lambda: backward(dy, cache, block_rows=br),
-    }, br
+    }
+    blocks = {"tiled": br}
+    if np.dtype(dtype).itemsize <= F32.itemsize:
+        br32 = tile_rows(D, work_dtype=F32) if block_rows is None else block_rows
+        calls["tiled_f32", "backward"] = lambda: backward(
+            dy, cache, block_rows=br32, work_dtype=F32
+        )
+        blocks["tiled_f32"] = br32
+    return calls, blocks
 
 
 def _page_faults() -> int | None:
@@ -215,7 +230,8 @@ def run(
     repeat : int
         Timed repetitions per measurement (the median is kept).
     block_rows : int, optional
-        Rows per block of the tiled implementation (default ``tile_rows(D)``).
+        Rows per block of the tiled implementations (default ``tile_rows(D)``,
+        with ``work_dtype=np.float32`` for ``tiled_f32``).
     bandwidth : float, optional
         Copy bandwidth in bytes/s; measured (``repeat`` times) if not given.
 
@@ -238,7 +254,7 @@ def run(
     for shape in shapes:
         shape = tuple(int(s) for s in shape)
         for dt in dtypes:
-            calls, br = _calls(shape, dt, block_rows)
+            calls, blocks = _calls(shape, dt, block_rows)
             medians, faults = time_round_robin(calls, repeat)
             for (impl, direction), t in medians.items():
                 fb = floor_bytes(direction, shape, dt)
@@ -248,7 +264,7 @@ def run(
                         "dtype": np.dtype(dt).name,
                         "direction": direction,
                         "impl": impl,
-                        "block_rows": br if impl == "tiled" else None,
+                        "block_rows": blocks.get(impl),
                         "median_s": t,
                         "floor_bytes": fb,
                         "floor_s": fb / bandwidth,
@@ -276,13 +292,22 @@ def tile_sweep(
     dtype,
     block_rows: Sequence[int],
     repeat: int = 5,
-) -> list[float]:
-    """Median time of the tiled backward for each ``block_rows`` (seconds)."""
+    work_dtypes: Sequence = (None,),
+) -> dict:
+    """Median time of the tiled backward for each work dtype and ``block_rows`` (seconds).
+
+    Returns ``{work_dtype: [seconds for each block_rows]}``, every
+    measurement timed in turn with all the others.
+    """
     x, gamma, beta, dy = make_inputs(shape, dtype)
     _, cache = forward(x, gamma, beta)
-    calls = {br: (lambda br=br: backward(dy, cache, block_rows=br)) for br in block_rows}
+    calls = {
+        (wd, br): (lambda br=br, wd=wd: backward(dy, cache, block_rows=br, work_dtype=wd))
+        for wd in work_dtypes
+        for br in block_rows
+    }
     medians, _ = time_round_robin(calls, repeat)
-    return [medians[br] for br in block_rows]
+    return {wd: [medians[wd, br] for br in block_rows] for wd in work_dtypes}
 
 
 def cache_sizes() -> dict[str, int]:
@@ -338,7 +363,7 @@ def format_table(report: dict) -> str:
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m lnorm.bench",
-        description="Time layer norm (reference, plain, tiled) against the copy-bandwidth floor.",
+        description="Time layer norm (reference, plain, tiled, tiled_f32) against the copy-bandwidth floor.",
     )
     p.add_argument(
         "--shape", type=int, nargs="+", action="append", metavar="N",
@@ -350,7 +375,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="dtypes to time (default: float32 float64)",
     )
     p.add_argument("--repeat", type=int, help="timed runs per measurement (default 7, quick 3)")
-    p.add_argument("--block-rows", type=int, help="rows per block of the tiled version (default tile_rows(D))")
+    p.add_argument("--block-rows", type=int, help="rows per block of the tiled versions (default tile_rows(D))")
     p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
     p.add_argument(
         "--quick", action="store_true",

@@ -52,6 +52,13 @@ streaming a full-size float64 temporary through main memory. With
 temporaries stay in cache (:func:`tile_rows` picks a size): same results (the
 forward bit for bit, the backward to float64 rounding), several times less
 memory traffic.
+
+One opt-out from the float64 policy: ``backward(..., work_dtype=np.float32)``
+does the backward's arithmetic in float32, as the GPU kernels do, about twice
+as fast on the CPU. It is accurate to float32 rounding of the *terms* of
+``dx``, not of ``dx`` itself: where ``dy`` has a large common part that the
+centring in ``g - mean(g)`` cancels, float32 work loses what float64 keeps (the
+cost chapter measures it). The forward always centres in float64.
 """
 
 from __future__ import annotations
@@ -172,6 +179,34 @@ def _check_param(p, name: str, D: int) -> np.ndarray:
             f"got shape {arr.shape}."
         )
     return arr
+
+
+#: Dtypes :func:`backward` can do its arithmetic in (``work_dtype``).
+WORK_DTYPES = (np.dtype(np.float32), ACC_DTYPE)
+
+
+def _as_dtype(value, name: str, allowed: tuple[np.dtype, ...], what: str) -> np.dtype:
+    """``value`` as one of the ``allowed`` dtypes, or a TypeError naming ``name``."""
+    try:
+        dt = np.dtype(value)
+    except TypeError as err:
+        raise TypeError(f"{name} must be {what}; got {value!r}.") from err
+    if dt not in allowed:
+        raise TypeError(f"{name} must be {what}; got {dt.name}.")
+    return dt
+
+
+def _check_work_dtype(work_dtype, dtype: np.dtype) -> np.dtype:
+    """``work_dtype`` as float32 or float64 (None: float64), no narrower than ``dtype``."""
+    if work_dtype is None:
+        return ACC_DTYPE
+    work = _as_dtype(work_dtype, "work_dtype", WORK_DTYPES, "None, np.float64 or np.float32")
+    if work.itemsize < dtype.itemsize:
+        raise ValueError(
+            f"work_dtype={work.name} is narrower than the {dtype.name} input, so the "
+            "backward would round its inputs; use work_dtype=None (float64)."
+        )
+    return work
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
@@ -324,7 +359,7 @@ def _forward64(x64: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float)
 
 
 def backward(
-    dy, cache: LayerNormCache, *, block_rows: int | None = None
+    dy, cache: LayerNormCache, *, block_rows: int | None = None, work_dtype=None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of layer normalization, from the upstream gradient ``dy``.
 
@@ -344,10 +379,23 @@ def backward(
         From :func:`forward`.
     block_rows : int, optional
         Process the rows in blocks of this many, reusing a few preallocated
-        float64 buffers of ``block_rows * D`` elements: a tiled schedule, the
+        buffers of ``block_rows * D`` elements in ``work_dtype``: a tiled schedule, the
         CPU's form of kernel fusion (see :func:`_backward_tiled`). Choose it
         so the buffers fit in cache; :func:`tile_rows` does. Default: all
         rows at once, op by op.
+    work_dtype : {None, float64, float32}, optional
+        Dtype of the arithmetic. Default (None): float64, rounded once to
+        the input dtype at the end. ``np.float32`` (for float16 or float32
+        inputs; a float64 input would lose precision, so it is refused)
+        does the elementwise work and the row reductions in float32, as the
+        GPU kernels do: roughly half the bytes through the cache, and the
+        choice behind the fastest CPU backward of the cost chapter. Each
+        ``dx`` is then accurate to about ``u32 = 2**-24`` times the size of
+        the terms it is made of, ``rstd * |g|``, ``rstd * |mean(g)|`` and
+        ``rstd * |xhat * mean(g * xhat)|``, not of ``dx`` itself: when ``dy`` carries a common offset much larger than
+        its spread, ``g - mean(g)`` cancels it and float32 work loses the
+        digits float64 keeps. ``dgamma`` and ``dbeta`` are summed in float32
+        within a block and in float64 across blocks.
 
     Returns
     -------
@@ -359,24 +407,26 @@ def backward(
     -----
     Two row reductions (``mean(g)`` and ``mean(g * xhat)``) and the two column
     sums; ``dy * xhat`` is formed once and serves both ``dgamma`` and
-    ``mean(g * xhat) = mean(gamma * (dy * xhat))``. All arithmetic is float64.
+    ``mean(g * xhat) = mean(gamma * (dy * xhat))``. All arithmetic is in
+    ``work_dtype`` (float64 by default).
 
     With ``block_rows`` the same quantities are computed block by block, also
-    in float64; they agree with the default schedule to float64 rounding
-    before the final cast, not bit for bit, because the sums are associated
-    differently.
+    in ``work_dtype``; they agree with the default schedule to that dtype's
+    rounding before the final cast, not bit for bit, because the sums are
+    associated differently.
     """
     dy = _check_dy(dy, cache)
+    work = _check_work_dtype(work_dtype, cache.dtype)
     if block_rows is not None:
         block_rows = _check_int(block_rows, "block_rows", 1, _BLOCK_HINT)
         with np.errstate(invalid="ignore"):
-            return _backward_tiled(dy, cache, block_rows)
+            return _backward_tiled(dy, cache, block_rows, work)
     with np.errstate(invalid="ignore"):  # non-finite rows stay non-finite, silently
         dx, dgamma, dbeta = backward_formula(
-            dy.astype(ACC_DTYPE),
-            cache.xhat.astype(ACC_DTYPE),
-            cache.gamma.astype(ACC_DTYPE),
-            cache.rstd[..., None],
+            dy.astype(work),
+            cache.xhat.astype(work),
+            cache.gamma.astype(work),
+            cache.rstd.astype(work)[..., None],
         )
     pdt = cache.gamma.dtype
     return dx.astype(cache.dtype), dgamma.astype(pdt), dbeta.astype(pdt)
@@ -410,29 +460,37 @@ _BLOCK_HINT = "Pass None (all rows at once) or rows per block, e.g. lnorm.core.t
 _TILE_BUFFERS = {"forward": 4, "backward": 4}
 
 
-def tile_rows(D: int, *, direction: str = "backward", budget_bytes: int = TILE_BYTES) -> int:
-    """Rows per block so that the tiled float64 buffers fit in ``budget_bytes``.
+def tile_rows(
+    D: int, *, direction: str = "backward", budget_bytes: int = TILE_BYTES, work_dtype=None
+) -> int:
+    """Rows per block so that the tiled block buffers fit in ``budget_bytes``.
 
     Parameters
     ----------
     D : int
         Row length (>= 1).
     direction : {"forward", "backward"}
-        The tiled backward keeps four float64 planes of ``block_rows * D``
-        elements (``dy * xhat`` then ``dx``, ``g``, ``xhat``, ones), the
-        tiled forward about four temporaries of that size.
+        The tiled backward keeps four planes of ``block_rows * D`` elements
+        (``dy * xhat`` then ``dx``, ``g``, ``xhat``, ones), the tiled forward
+        about four float64 temporaries of that size.
     budget_bytes : int, default :data:`TILE_BYTES`
         Cache budget for those buffers.
+    work_dtype : {None, float64, float32}, optional
+        The backward's ``work_dtype``, the dtype of its planes (None:
+        float64). The forward always works in float64.
 
     Returns
     -------
     int
-        ``max(1, budget_bytes // (buffers * 8 * D))``.
+        ``max(1, budget_bytes // (buffers * itemsize * D))``.
     """
     D = _check_int(D, "D", 1, "D is the row length.")
     if direction not in _TILE_BUFFERS:
         raise ValueError(f"direction must be 'forward' or 'backward'; got {direction!r}.")
-    per_row = _TILE_BUFFERS[direction] * ACC_DTYPE.itemsize * D
+    work = _check_work_dtype(work_dtype, np.dtype(np.float16))  # any input dtype
+    if direction == "forward" and work != ACC_DTYPE:
+        raise ValueError("The forward always works in float64; leave work_dtype None.")
+    per_row = _TILE_BUFFERS[direction] * work.itemsize * D
     return max(1, int(budget_bytes) // per_row)
 
 
@@ -464,8 +522,8 @@ def _forward_tiled(
     return y, cache
 
 
-def _backward_tiled(dy: np.ndarray, cache: LayerNormCache, block_rows: int):
-    """:func:`backward` on blocks of rows, with preallocated float64 buffers.
+def _backward_tiled(dy: np.ndarray, cache: LayerNormCache, block_rows: int, work: np.dtype):
+    """:func:`backward` on blocks of rows, with preallocated buffers of dtype ``work``.
 
     Per row, with ``k = rstd * mean(g * xhat)`` and ``c = rstd * mean(g)``,
 
@@ -476,42 +534,48 @@ def _backward_tiled(dy: np.ndarray, cache: LayerNormCache, block_rows: int):
 
     so a row of ``dx`` is one small matrix product of a 1x3 coefficient row
     with a 3xD stack ``[g; xhat; 1]``: one pass instead of four elementwise
-    ones (scale, scale, subtract, subtract). The block lives in one float64
-    buffer of four planes, ``[dy * xhat, dy (then g), xhat, 1]``, so that the
+    ones (scale, scale, subtract, subtract). The block lives in one buffer of
+    four planes, ``[dy * xhat, dy (then g), xhat, 1]``, so that the
     reductions are two matrix-vector products over adjacent planes:
     ``[dy * xhat; dy] @ gamma`` along the rows gives ``D * mean(g * xhat)``
     and ``D * mean(g)``, and ``ones @ [dy * xhat; dy]`` down the columns gives
-    the block's share of ``dgamma`` and ``dbeta``.
+    the block's share of ``dgamma`` and ``dbeta``, which are added up across
+    blocks in float64.
 
     Unlike :func:`_forward_tiled`, which runs the plain forward's
     :func:`_forward64` on each block, this is a second form of the backward's
     arithmetic, kept for speed: the plain backward's steps on a block make
-    thirteen passes over it and allocate eight fresh float64 arrays of its
-    size; this form makes eight passes, into buffers allocated once. In the
-    cost chapter's setting ((8, 512, 1024), float32, each at its best block
-    size) that made it 1.5 to 1.8 times faster than the plain steps run block
-    by block. ``tests/test_cost.py`` keeps the two forms equal to float64
-    rounding.
+    thirteen passes over it and allocate eight fresh arrays of its size;
+    this form makes eight passes, into buffers allocated once. In the cost
+    chapter's setting ((8, 512, 1024), float32, each at its best block size)
+    that made it 1.5 to 1.8 times faster than the plain steps run block by
+    block. ``tests/test_cost.py`` keeps the two forms equal to rounding.
     """
     shape, D = cache.shape, cache.shape[-1]
     dy2 = dy.reshape(-1, D)
     xhat2 = cache.xhat.reshape(-1, D)
     rows = dy2.shape[0]
-    gamma = cache.gamma.astype(ACC_DTYPE)
+    gamma = cache.gamma.astype(work)
     dx = np.empty(shape, dtype=cache.dtype)
     dx2 = dx.reshape(-1, D)
     dgamma_dbeta = np.zeros((2, D), dtype=ACC_DTYPE)
     # Per-row coefficients [rstd, -k, -c]; the last two are filled per block.
-    coef = np.empty((rows, 1, 3), dtype=ACC_DTYPE)
+    coef = np.empty((rows, 1, 3), dtype=work)
     coef[:, 0, 0] = cache.rstd.reshape(-1)
     minus_rstd_over_d = cache.rstd.reshape(-1, 1) * (-1.0 / D)
+    # For float32 work on float32 data, einsum writes each row's 1x3 @ 3xD
+    # product straight into dx, faster than matmul plus a copy. In float64
+    # einsum is slower than matmul plus a copy (measured: about 8 against
+    # 6 ms at the cost chapter's size), so float64 work goes through matmul
+    # into a buffer, rounded to dx's dtype in one more pass.
+    direct = work == dx.dtype == np.dtype(np.float32)
 
     m = max(1, min(block_rows, rows))
-    planes = np.empty((4, m, D), dtype=ACC_DTYPE)
+    planes = np.empty((4, m, D), dtype=work)
     planes[3] = 1.0
-    row_sums = np.empty((2, m), dtype=ACC_DTYPE)
+    row_sums = np.empty((2, m), dtype=work)
     chunk = max(1, _BLAS_SERIAL // D)
-    ones = np.ones(min(m, chunk), dtype=ACC_DTYPE)
+    ones = np.ones(min(m, chunk), dtype=work)
     for r0 in range(0, rows, m):
         b = min(m, rows - r0)
         blk = slice(r0, r0 + b)
@@ -528,10 +592,12 @@ def _backward_tiled(dy: np.ndarray, cache: LayerNormCache, block_rows: int):
         np.multiply(dyb, gamma, out=dyb)  # dy -> g in place: dy is used up
         np.multiply(row_sums[:, :b].T, minus_rstd_over_d[blk],
                     out=coef[blk, 0, 1:])
-        # Per row [rstd, -k, -c] @ [g; xhat; 1], into the first plane
-        # (dy * xhat is used up), then rounded once to the output dtype.
-        stack = planes[1:, :b].transpose(1, 0, 2)  # (b, 3, D)
-        np.matmul(coef[blk], stack, out=dy_xhat[:, None, :])
-        np.copyto(dx2[blk], dy_xhat, casting="same_kind")
+        # Per row [rstd, -k, -c] @ [g; xhat; 1], rounded once to dx's dtype.
+        if direct:
+            np.einsum("rk,krd->rd", coef[blk, 0], planes[1:, :b], out=dx2[blk])
+        else:  # into the first plane (dy * xhat is used up), then cast
+            stack = planes[1:, :b].transpose(1, 0, 2)  # (b, 3, D)
+            np.matmul(coef[blk], stack, out=dy_xhat[:, None, :])
+            np.copyto(dx2[blk], dy_xhat, casting="same_kind")
     pdt = cache.gamma.dtype
     return dx, dgamma_dbeta[0].astype(pdt), dgamma_dbeta[1].astype(pdt)

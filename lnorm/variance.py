@@ -46,7 +46,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from .core import SUPPORTED_DTYPES, _as_float_array, _as_rows
+from .core import SUPPORTED_DTYPES, _as_dtype, _as_float_array, _as_rows
 
 __all__ = [
     "RowStats",
@@ -74,16 +74,8 @@ def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
     if dtype is None:
         acc = x.dtype
     else:
-        try:
-            acc = np.dtype(dtype)
-        except TypeError as err:
-            raise TypeError(
-                f"dtype must be float16, float32 or float64 (the accumulation dtype); got {dtype!r}."
-            ) from err
-        if acc not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"dtype must be float16, float32 or float64 (the accumulation dtype); got {acc}."
-            )
+        acc = _as_dtype(dtype, "dtype", SUPPORTED_DTYPES,
+                        "float16, float32 or float64 (the accumulation dtype)")
     # A copy even when the dtype already matches: inputs are never modified.
     return x.astype(acc, copy=True)
 

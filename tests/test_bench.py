@@ -24,22 +24,24 @@ def test_quick_json_report_is_well_formed(capsys):
     assert report["repeat"] == 1
     assert 1e8 < report["copy_bandwidth"] < 1e13  # bytes/s: a plausible memory system
     rows = report["results"]
-    # quick mode: float32 only; 3 implementations x 2 directions for the one shape
-    assert len(rows) == 6
+    # quick mode: float32 only; 3 implementations x 2 directions for the one shape,
+    # and the float32-work backward
+    assert len(rows) == 7
     assert {(r["impl"], r["direction"]) for r in rows} == {
-        (impl, d) for impl in bench.IMPLEMENTATIONS for d in ("forward", "backward")
-    }
+        (impl, d) for impl in ("reference", "plain", "tiled") for d in ("forward", "backward")
+    } | {("tiled_f32", "backward")}
     for r in rows:
         assert r["shape"] == [2, 4, 16] and r["dtype"] == "float32"
         assert r["median_s"] > 0 and np.isfinite(r["median_s"])
         assert r["floor_s"] == pytest.approx(r["floor_bytes"] / report["copy_bandwidth"])
         assert r["x_floor"] == pytest.approx(r["median_s"] / r["floor_s"])
-        assert (r["block_rows"] is None) == (r["impl"] != "tiled")
+        assert (r["block_rows"] is None) == (r["impl"] not in ("tiled", "tiled_f32"))
         assert r["page_faults"] is None or (isinstance(r["page_faults"], int) and r["page_faults"] >= 0)
         if r["impl"] == "reference":
             assert r["speedup_vs_reference"] == 1.0
-    tiled = [r for r in rows if r["impl"] == "tiled"]
-    assert all(r["block_rows"] == lnorm.core.tile_rows(16) for r in tiled)
+    blocks = {r["impl"]: r["block_rows"] for r in rows if r["block_rows"] is not None}
+    assert blocks == {"tiled": lnorm.core.tile_rows(16),
+                      "tiled_f32": lnorm.core.tile_rows(16, work_dtype=np.float32)}
 
 
 def test_floor_bytes_are_the_hand_counted_minimum(capsys):
@@ -51,7 +53,7 @@ def test_floor_bytes_are_the_hand_counted_minimum(capsys):
     forward = rows * D * f32 + 2 * D * f32 + 2 * rows * D * f32 + rows * f64
     for r in report["results"]:
         assert r["floor_bytes"] == (backward if r["direction"] == "backward" else forward)
-        if r["impl"] == "tiled":
+        if r["impl"].startswith("tiled"):
             assert r["block_rows"] == 3
 
 
@@ -60,8 +62,10 @@ def test_table_has_one_line_per_measurement(capsys):
     out = capsys.readouterr().out
     assert "copy bandwidth" in out and "xfloor" in out
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("(2, 4, 16)")]
-    assert len(lines) == 2 * 3 * 2  # dtypes x implementations x directions
-    assert sum("float16" in ln for ln in lines) == 6
+    # 3 implementations x 2 directions per dtype, and float32 work for float16 only
+    assert len(lines) == 2 * 3 * 2 + 1
+    assert sum("float16" in ln for ln in lines) == 7
+    assert ["float16" in ln for ln in lines if "tiled_f32" in ln] == [True]
 
 
 @pytest.mark.parametrize("argv", [["--repeat", "0"], ["--block-rows", "0"], ["--shape", "4", "0"], ["--dtype", "int8"]])
@@ -108,9 +112,11 @@ def test_make_inputs_is_seeded():
     assert not np.array_equal(a[0], c[0])
 
 
-def test_tile_sweep_returns_one_time_per_block():
-    times = bench.tile_sweep((2, 8, 16), np.float32, [1, 4, 16], repeat=1)
-    assert len(times) == 3 and all(t > 0 for t in times)
+def test_tile_sweep_returns_one_time_per_block_and_work_dtype():
+    times = bench.tile_sweep((2, 8, 16), np.float32, [1, 4, 16], repeat=1,
+                             work_dtypes=(None, np.float32))
+    assert list(times) == [None, np.float32]
+    assert all(len(ts) == 3 and all(t > 0 for t in ts) for ts in times.values())
 
 
 def test_cache_sizes_are_ordered_when_known():

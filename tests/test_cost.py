@@ -249,11 +249,11 @@ def test_tiled_forward_is_identical(shape, block_rows, dtype):
     assert not cache_t.xhat.flags.writeable and not cache_t.rstd.flags.writeable
 
 
-def test_tiled_backward_keeps_float64_accumulation():
+def test_float64_work_keeps_what_float32_work_cancels():
     # dy = 1000 + small noise and gamma = 1: g - mean(g) cancels the 1000, so float32
     # arithmetic leaves an error of about u32 * 1000 * rstd in every dx, while
-    # float64 arithmetic rounded once is good to float32's last bit. All three
-    # start from the same float32 cache (xhat, rstd).
+    # float64 arithmetic rounded once is good to float32's last bit. All start
+    # from the same float32 cache (xhat, rstd).
     rng = np.random.default_rng(7)
     rows, D = 64, 256
     x = rng.normal(size=(rows, D)).astype(np.float32)
@@ -270,6 +270,88 @@ def test_tiled_backward_keeps_float64_accumulation():
     err_f32 = np.max(np.abs(dx_f32 - exact))
     assert err_tiled <= np.max(np.spacing(np.abs(exact).astype(np.float32)))
     assert err_f32 > 100 * err_tiled
+    # work_dtype=float32 is the reference's arithmetic: it loses the same digits,
+    # within the documented u32 times the size of the terms (D of them per sum).
+    u32 = np.finfo(np.float32).eps / 2
+    terms = rstd * (np.abs(g) + np.abs(g.mean(-1, keepdims=True))
+                    + np.abs(xh * (g * xh).mean(-1, keepdims=True)))
+    for block_rows in (None, 16):
+        dx_w, _, _ = lnorm.backward(dy, cache, block_rows=block_rows, work_dtype=np.float32)
+        err_w = np.max(np.abs(dx_w - exact))
+        assert 100 * err_tiled < err_w <= (D + 4) * u32 * np.max(terms)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("block_rows", [None, 3, 1])
+@pytest.mark.parametrize("shape", [(7, 5), (1, 9), (6, 1), (0, 4), (2, 3, 10), (40, 33)])
+def test_float32_work_is_float32_rounding_of_the_terms(shape, block_rows, dtype):
+    x, gamma, beta, dy = bench.make_inputs(shape, dtype, seed=sum(shape))
+    _, cache = lnorm.forward(x, gamma, beta)
+    dx, dgamma, dbeta = lnorm.backward(dy, cache)
+    dx_w, dgamma_w, dbeta_w = lnorm.backward(dy, cache, block_rows=block_rows, work_dtype=np.float32)
+    for a, b in [(dx, dx_w), (dgamma, dgamma_w), (dbeta, dbeta_w)]:
+        assert a.shape == b.shape and a.dtype == b.dtype == np.dtype(dtype)
+    # Each dx is off by float32 rounding of its terms (each row sum of D of them
+    # rounds up to D times), plus the final rounding to the input dtype.
+    D, rows = shape[-1], int(np.prod(shape[:-1]))
+    u32 = np.finfo(np.float32).eps / 2
+    g = np.abs(dy.astype(np.float64) * gamma)
+    xh = np.abs(cache.xhat.astype(np.float64))
+    rstd = cache.rstd[..., None]
+    scale = rstd * (g + g.mean(-1, keepdims=True) + xh * (g * xh).mean(-1, keepdims=True))
+    ulp = np.spacing(np.abs(dx).astype(dtype)).astype(np.float64)
+    assert np.all(np.abs(dx_w.astype(np.float64) - dx) <= ulp + (D + 4) * u32 * scale)
+    lead = tuple(range(len(shape) - 1))
+    for ref, got, terms in [
+        (dgamma, dgamma_w, np.abs(dy.astype(np.float64) * cache.xhat).sum(lead)),
+        (dbeta, dbeta_w, np.abs(dy.astype(np.float64)).sum(lead)),
+    ]:
+        ulp = np.spacing(np.abs(ref)).astype(np.float64)
+        assert np.all(np.abs(got.astype(np.float64) - ref) <= ulp + (rows + 4) * u32 * terms)
+
+
+def test_float32_work_is_not_float64_work():
+    # The option changes the arithmetic: on ordinary data the two differ, by about
+    # float32 rounding, and float64 work named explicitly is the default, bit for bit.
+    x, gamma, beta, dy = bench.make_inputs((64, 256), np.float32, seed=4)
+    _, cache = lnorm.forward(x, gamma, beta)
+    for block_rows in (None, 16):
+        dx, dgamma, _ = lnorm.backward(dy, cache, block_rows=block_rows)
+        dx64, dgamma64, _ = lnorm.backward(dy, cache, block_rows=block_rows, work_dtype=np.float64)
+        np.testing.assert_array_equal(dx64, dx)
+        np.testing.assert_array_equal(dgamma64, dgamma)
+        dx32, _, _ = lnorm.backward(dy, cache, block_rows=block_rows, work_dtype="float32")
+        rel = np.max(np.abs(dx32 - dx)) / np.max(np.abs(dx))
+        assert 1e-9 < rel < 1e-5
+
+
+def test_float32_work_keeps_bad_rows_to_themselves_and_inputs_unmodified():
+    x, gamma, beta, dy = bench.make_inputs((6, 8), np.float32, seed=11)
+    dy[2, 3] = np.nan
+    _, cache = lnorm.forward(x, gamma, beta)
+    copies = [a.copy() for a in (dy, cache.xhat, cache.rstd, cache.gamma)]
+    dx, _, _ = lnorm.backward(dy, cache)
+    dx_w, _, _ = lnorm.backward(dy, cache, block_rows=4, work_dtype=np.float32)
+    assert np.all(np.isnan(dx_w[2]))
+    others = np.arange(6) != 2
+    np.testing.assert_allclose(dx_w[others], dx[others], rtol=1e-5, atol=1e-6)
+    for a, c in zip((dy, cache.xhat, cache.rstd, cache.gamma), copies):
+        np.testing.assert_array_equal(a, c)
+
+
+@pytest.mark.parametrize("block_rows", [None, 2])
+@pytest.mark.parametrize("work, dtype, exc, match", [
+    (np.float32, np.float64, ValueError, "narrower than the float64 input"),
+    (np.float16, np.float16, TypeError, "work_dtype must be"),
+    ("int32", np.float32, TypeError, "work_dtype must be"),
+    (np.complex128, np.float32, TypeError, "work_dtype must be"),
+    (object(), np.float32, TypeError, "work_dtype must be"),
+])
+def test_work_dtype_is_validated(block_rows, work, dtype, exc, match):
+    x, gamma, beta, dy = bench.make_inputs((4, 3), dtype)
+    _, cache = lnorm.forward(x, gamma, beta)
+    with pytest.raises(exc, match=match):
+        lnorm.backward(dy, cache, block_rows=block_rows, work_dtype=work)
 
 
 def test_tiled_backward_keeps_bad_rows_to_themselves():
@@ -312,3 +394,9 @@ def test_tile_rows():
         tile_rows(0)
     with pytest.raises(ValueError, match="direction"):
         tile_rows(8, direction="up")
+    # float32 planes are half the size: twice the rows in the same budget.
+    assert tile_rows(1024, work_dtype=np.float32) == 4 * 2**20 // (4 * 4 * 1024) == 256
+    with pytest.raises(ValueError, match="forward always works in float64"):
+        tile_rows(8, direction="forward", work_dtype=np.float32)
+    with pytest.raises(TypeError, match="work_dtype"):
+        tile_rows(8, work_dtype=np.float16)
