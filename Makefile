@@ -27,6 +27,10 @@ help:
 
 # The environment: rebuilt when the pins or the package metadata change.
 $(STAMP): requirements.txt pyproject.toml
+	@# Fail here, not halfway through pip with "no matching distribution": the
+	@# pins (numpy, matplotlib, ipykernel) need Python 3.11.
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "$(PYTHON) is older than Python 3.11; run e.g. make PYTHON=python3.11 $(MAKECMDGOALS)" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt
@@ -62,9 +66,11 @@ $(LAB_SETTINGS): $(STAMP) Makefile
 	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}},' > $@
 	echo ' "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' >> $@
 
+# jupytext's server extension needs no flag: its wheel enables it in
+# $(VENV)/etc/jupyter/jupyter_server_config.d/jupytext.json.
 lab: $(STAMP) $(LAB_SETTINGS)
 	@echo "Chapters open as notebooks (jupytext); run them top to bottom with Run > Run All Cells."
-	$(VENV)/bin/jupyter lab --ServerApp.jpserver_extensions="{'jupyterlab_jupytext': True}" $(ROOT_ARGS) $(LAB_ARGS) book/
+	$(VENV)/bin/jupyter lab $(ROOT_ARGS) $(LAB_ARGS) book/
 
 clean:
 	rm -rf $(VENV) _build .pytest_cache

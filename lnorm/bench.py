@@ -122,20 +122,22 @@ def copy_bandwidth(nbytes: int = 64 * 2**20, repeat: int = 7) -> float:
     return 2.0 * src.nbytes / seconds["copy"]
 
 
-def make_inputs(shape: Sequence[int], dtype, seed: int = 0):
+def make_inputs(shape: Sequence[int], dtype, seed: int = 0, *,
+                loc: float = 0.5, scale: float = 2.0, param_scale: float = 0.3):
     """Seeded ``x, gamma, beta, dy``: ``x`` and ``dy`` of ``shape``, ``gamma`` and ``beta`` of ``(D,)``.
 
     Normal draws, in this order from ``numpy.random.default_rng(seed)``:
-    ``x`` with mean 0.5 and standard deviation 2 (an offset the centring
-    must remove), ``gamma`` with mean 1 and deviation 0.3, ``beta`` with
-    mean 0 and deviation 0.3, ``dy`` standard. Values a float16 holds with
-    room to spare; converted to ``dtype`` last.
+    ``x`` with mean ``loc`` and standard deviation ``scale`` (by default 0.5
+    and 2: an offset the centring must remove), ``gamma`` with mean 1 and
+    deviation ``param_scale``, ``beta`` with mean 0 and deviation
+    ``param_scale`` (0.3 by default), ``dy`` standard. The defaults give
+    values a float16 holds with room to spare; converted to ``dtype`` last.
     """
     rng = np.random.default_rng(seed)
     D = shape[-1]
-    x = rng.normal(0.5, 2.0, size=shape).astype(dtype)
-    gamma = rng.normal(1.0, 0.3, size=D).astype(dtype)
-    beta = rng.normal(0.0, 0.3, size=D).astype(dtype)
+    x = rng.normal(loc, scale, size=shape).astype(dtype)
+    gamma = rng.normal(1.0, param_scale, size=D).astype(dtype)
+    beta = rng.normal(0.0, param_scale, size=D).astype(dtype)
     dy = rng.normal(size=shape).astype(dtype)
     return x, gamma, beta, dy
 

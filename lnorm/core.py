@@ -150,16 +150,20 @@ def _check_dy(dy, cache) -> np.ndarray:
     return dy
 
 
-def _check_eps(eps) -> float:
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, numbers.Real):
-        raise TypeError(f"eps must be a real number such as 1e-5; got {type(eps).__name__}.")
-    eps = float(eps)
-    if not np.isfinite(eps) or eps <= 0.0:
+def _check_positive(value, name: str, example: str, why: str = "") -> float:
+    """``value`` as a float, finite and > 0, or a TypeError / ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number such as {example}; got {type(value).__name__}.")
+    value = float(value)
+    if not np.isfinite(value) or value <= 0.0:
         raise ValueError(
-            f"eps must be finite and > 0 (it bounds rstd by 1/sqrt(eps)); got {eps!r}. "
-            "Use a small positive value such as 1e-5."
+            f"{name} must be finite and > 0{why}; got {value!r}. A typical value is {example}."
         )
-    return eps
+    return value
+
+
+def _check_eps(eps) -> float:
+    return _check_positive(eps, "eps", "1e-5", " (it bounds rstd by 1/sqrt(eps))")
 
 
 def _check_int(value, name: str, minimum: int, hint: str = "") -> int:
@@ -196,12 +200,12 @@ def _as_dtype(value, name: str, allowed: tuple[np.dtype, ...], what: str) -> np.
     return dt
 
 
-def _check_work_dtype(work_dtype, dtype: np.dtype) -> np.dtype:
-    """``work_dtype`` as float32 or float64 (None: float64), no narrower than ``dtype``."""
+def _check_work_dtype(work_dtype, dtype: np.dtype | None = None) -> np.dtype:
+    """``work_dtype`` as float32 or float64 (None: float64), no narrower than ``dtype`` if given."""
     if work_dtype is None:
         return ACC_DTYPE
     work = _as_dtype(work_dtype, "work_dtype", WORK_DTYPES, "None, np.float64 or np.float32")
-    if work.itemsize < dtype.itemsize:
+    if dtype is not None and work.itemsize < dtype.itemsize:
         raise ValueError(
             f"work_dtype={work.name} is narrower than the {dtype.name} input, so the "
             "backward would round its inputs; use work_dtype=None (float64)."
@@ -333,14 +337,18 @@ def forward(
     # Non-finite values propagate within their row (inf - inf = nan there);
     # that is the documented behaviour, not an event worth a warning.
     with np.errstate(invalid="ignore"):
-        y, mean, rstd, xhat = _forward64(x.astype(ACC_DTYPE), gamma, beta, eps)
+        # No copy for float64 input: _forward64 only reads x64.
+        y, mean, rstd, xhat = _forward64(x.astype(ACC_DTYPE, copy=False), gamma, beta, eps)
 
-    cache = LayerNormCache(
-        xhat=_readonly(xhat.astype(x.dtype)),
-        rstd=_readonly(rstd[..., 0]),
-        gamma=_readonly(np.array(gamma, copy=True)),
+    to_x = dict(dtype=x.dtype, copy=False)  # y and xhat are new arrays either way
+    return y.astype(**to_x), _make_cache(xhat.astype(**to_x), rstd[..., 0], gamma)
+
+
+def _make_cache(xhat: np.ndarray, rstd: np.ndarray, gamma: np.ndarray) -> LayerNormCache:
+    """The cache of new ``xhat`` and ``rstd`` arrays and a copy of ``gamma``, all read-only."""
+    return LayerNormCache(
+        xhat=_readonly(xhat), rstd=_readonly(rstd), gamma=_readonly(np.array(gamma, copy=True))
     )
-    return y.astype(x.dtype), cache
 
 
 def _forward64(x64: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float):
@@ -423,10 +431,11 @@ def backward(
             return _backward_tiled(dy, cache, block_rows, work)
     with np.errstate(invalid="ignore"):  # non-finite rows stay non-finite, silently
         dx, dgamma, dbeta = backward_formula(
-            dy.astype(work),
-            cache.xhat.astype(work),
-            cache.gamma.astype(work),
-            cache.rstd.astype(work)[..., None],
+            # No copies where the dtype matches: backward_formula only reads.
+            dy.astype(work, copy=False),
+            cache.xhat.astype(work, copy=False),
+            cache.gamma.astype(work, copy=False),
+            cache.rstd.astype(work, copy=False)[..., None],
         )
     pdt = cache.gamma.dtype
     return dx.astype(cache.dtype), dgamma.astype(pdt), dbeta.astype(pdt)
@@ -438,10 +447,11 @@ def backward(
 # streams a full-size float64 temporary through main memory. The tiled ones run
 # the same arithmetic on blocks of rows small enough that the float64
 # temporaries stay in cache, so main memory sees each input read once and each
-# output written once. That is what makes the float64 policy cheap: the upcast
-# copies live and die in cache.
+# output written once. That is what keeps the float64 policy affordable: the
+# upcast copies live and die in cache (they still cost time there, which the
+# backward's work_dtype=float32 saves).
 
-#: Bytes of float64 block buffers :func:`tile_rows` aims for. Measured on a
+#: Bytes of block buffers :func:`tile_rows` aims for. Measured on a
 #: 2-core machine with 512 KiB of L2 per core and a 32 MiB L3 (the cost
 #: chapter's sweep): blocks that fit in L2 are dominated by NumPy's per-call
 #: overhead (about a microsecond per operation), so the best blocks are the
@@ -456,7 +466,7 @@ _BLAS_SERIAL = 2**18
 
 _BLOCK_HINT = "Pass None (all rows at once) or rows per block, e.g. lnorm.core.tile_rows(D)."
 
-# Float64 buffers of block_rows * D elements each tiled function keeps live.
+# Buffers of block_rows * D elements each tiled function keeps live.
 _TILE_BUFFERS = {"forward": 4, "backward": 4}
 
 
@@ -487,7 +497,7 @@ def tile_rows(
     D = _check_int(D, "D", 1, "D is the row length.")
     if direction not in _TILE_BUFFERS:
         raise ValueError(f"direction must be 'forward' or 'backward'; got {direction!r}.")
-    work = _check_work_dtype(work_dtype, np.dtype(np.float16))  # any input dtype
+    work = _check_work_dtype(work_dtype)
     if direction == "forward" and work != ACC_DTYPE:
         raise ValueError("The forward always works in float64; leave work_dtype None.")
     per_row = _TILE_BUFFERS[direction] * work.itemsize * D
@@ -514,12 +524,7 @@ def _forward_tiled(
             blk = slice(r0, r0 + block_rows)
             yb, _, rs, xb = _forward64(x2[blk].astype(ACC_DTYPE), gamma, beta, eps)
             y2[blk], xhat2[blk], rstd1[blk] = yb, xb, rs[:, 0]
-    cache = LayerNormCache(
-        xhat=_readonly(xhat),
-        rstd=_readonly(rstd),
-        gamma=_readonly(np.array(gamma, copy=True)),
-    )
-    return y, cache
+    return y, _make_cache(xhat, rstd, gamma)
 
 
 def _backward_tiled(dy: np.ndarray, cache: LayerNormCache, block_rows: int, work: np.dtype):

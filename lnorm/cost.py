@@ -182,7 +182,7 @@ def numpy_program(
         Convert every full-size input to a working dtype first and every
         full-size output back at the end (``a.astype(...)``). With the
         float64 working dtype this is :func:`lnorm.backward`'s program step
-        for step; :func:`lnorm.forward` differs in detail (it also clamps the
+        for step on float16 or float32 input (float64 input is used as it is); :func:`lnorm.forward` differs in detail (it also clamps the
         mean to the row's range and forms the variance with ``einsum``).
 
     Returns
@@ -290,7 +290,8 @@ def traffic(
     work_itemsize : int, optional
         ``"numpy"`` schedule only: compute in a working dtype of this size,
         converting inputs first and outputs last (``lnorm.backward`` computes
-        in float64: 8). Default: compute in the input dtype, no conversions.
+        in float64: 8). Default: compute in the input dtype. No conversions
+        are counted where it equals ``itemsize``, as NumPy makes none then.
     block_rows : int, optional
         ``"tiled"`` schedule only: rows per block (default: all rows, one block).
 
@@ -326,7 +327,7 @@ def traffic(
         block_rows = _check_int(block_rows, "block_rows", 1)
 
     n = rows * D
-    upcast = work_itemsize is not None
+    upcast = work_itemsize is not None and work_itemsize != itemsize
     program = numpy_program(direction, saved, upcast=upcast)
     flops = sum(st.flops_full * n + st.flops_row * rows for st in program)
     inputs, outputs = _IO[(direction, saved)]

@@ -47,13 +47,12 @@ shrink with them.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .core import forward_formula
+from .core import _check_positive, forward_formula
 
 __all__ = [
     "StepTooSmallError",
@@ -146,16 +145,6 @@ def _method(method) -> str:
     return method
 
 
-def _positive(value, name: str, example: str = "1e-6") -> float:
-    """A step or a tolerance: a real number, finite and > 0."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number such as {example}; got {type(value).__name__}.")
-    value = float(value)
-    if not np.isfinite(value) or value <= 0.0:
-        raise ValueError(f"{name} must be finite and > 0; got {value!r}. A typical value is {example}.")
-    return value
-
-
 def _list_or_tuple(value, name: str, what: str) -> None:
     # An ndarray is a sequence too, but [x] and x mean different things here.
     if isinstance(value, np.ndarray) or not isinstance(value, (list, tuple)):
@@ -216,8 +205,8 @@ def _check_setup(method, grads, arrays, h, tol, names, directional: bool):
     names = _names(names, len(arrays))
     which = [k for k, g in enumerate(grads) if g is not None]
     dtype = np.result_type(*[arrays[k].dtype for k in which])
-    h = default_step(method, dtype) if h is None else _positive(h, "h")
-    tol = default_tolerance(method, dtype, directional) if tol is None else _positive(tol, "tol", "1e-8")
+    h = default_step(method, dtype) if h is None else _check_positive(h, "h", "1e-6")
+    tol = default_tolerance(method, dtype, directional) if tol is None else _check_positive(tol, "tol", "1e-8")
     return method, arrays, grads, names, which, h, tol
 
 
@@ -305,10 +294,11 @@ def _estimate(f: Loss, arrays: list[np.ndarray], h: float, method: str, which: S
     quotient = _central_quotient if method == "central" else _complex_quotient
     out: list[np.ndarray | None] = [None] * len(arrays)
     for k in which:
-        args = [a.copy() for a in arrays]  # private copies: f may write into them
         dtype = arrays[k].dtype if method == "central" else np.result_type(arrays[k].dtype, np.complex64)
-        # A fresh C-ordered copy, so that reshape(-1) below is a view into it.
-        args[k] = np.array(arrays[k], dtype=dtype, order="C", copy=True)
+        # Private copies (f may write into them); argument k a fresh C-ordered
+        # one, so that reshape(-1) below is a view into it.
+        args = [np.array(a, dtype=dtype, order="C", copy=True) if j == k else a.copy()
+                for j, a in enumerate(arrays)]
         flat = args[k].reshape(-1)
         grad = np.empty(flat.size, dtype=np.float64)
         for i in range(flat.size):
@@ -360,7 +350,7 @@ def central_difference(f: Loss, arrays: Sequence[np.ndarray], h: float | None = 
         (:class:`StepTooSmallError`).
     """
     arrays = _arrays(arrays)
-    h = default_step("central", np.result_type(*arrays)) if h is None else _positive(h, "h")
+    h = default_step("central", np.result_type(*arrays)) if h is None else _check_positive(h, "h", "1e-6")
     return _estimate(f, arrays, h, "central", range(len(arrays)))
 
 
@@ -401,7 +391,7 @@ def complex_step(f: Loss, arrays: Sequence[np.ndarray], h: float = COMPLEX_STEP)
         If ``f`` returns a real number (it dropped the imaginary part).
     """
     arrays = _arrays(arrays)
-    return _estimate(f, arrays, _positive(h, "h"), "complex", range(len(arrays)))
+    return _estimate(f, arrays, _check_positive(h, "h", "1e-6"), "complex", range(len(arrays)))
 
 
 # --- comparing -------------------------------------------------------------------
@@ -538,7 +528,7 @@ def compare_gradients(
     -------
     GradCheckResult
     """
-    tol = _positive(tol, "tol", "1e-8")
+    tol = _check_positive(tol, "tol", "1e-8")
     if len(grads) != len(estimates):
         raise ValueError(f"grads has {len(grads)} entries but estimates has {len(estimates)}.")
     rows = []
@@ -714,19 +704,19 @@ def directional_check(
         # One side at a time, so a large tensor is held in few copies at once.
         f_side, moved_side = [], []
         for sign in (1.0, -1.0):
-            args = [a.copy() for a in arrays]
-            for k in which:
-                args[k] = (arrays[k] + sign * h * directions[k]).astype(arrays[k].dtype)
+            # Perturbed arguments are new arrays already; only the others need a copy.
+            args = [(a + sign * h * directions[k]).astype(a.dtype, copy=False) if k in directions
+                    else a.copy() for k, a in enumerate(arrays)]
             # <g, displacement actually taken>, after rounding a ± h v to the dtype.
-            moved_side.append(sum(float(np.vdot(g64[k], args[k].astype(np.float64) - arrays[k])) for k in which))
+            moved_side.append(sum(float(np.vdot(g64[k], args[k].astype(np.float64, copy=False) - arrays[k]))
+                                  for k in which))
             f_side.append(_scalar(f(*args)))
             del args
         numeric = (f_side[0] - f_side[1]) / (2.0 * h)
         analytic = (moved_side[0] - moved_side[1]) / (2.0 * h)
     else:
-        args = [a.copy() for a in arrays]
-        for k in which:
-            args[k] = arrays[k] + 1j * h * directions[k]
+        args = [a + 1j * h * directions[k] if k in directions else a.copy()
+                for k, a in enumerate(arrays)]
         numeric = _scalar(f(*args), complex_step=True).imag / h
         analytic = float(sum(np.vdot(g64[k], directions[k]) for k in which))
 
@@ -822,7 +812,7 @@ def step_sweep(
     if hs.ndim != 1 or hs.size == 0:
         raise ValueError(f"hs must be a non-empty 1-d sequence of steps; got shape {hs.shape}.")
     for h in hs:
-        _positive(float(h), "every step in hs")
+        _check_positive(float(h), "every step in hs", "1e-6")
     every = range(len(arrays))
     if reference is None:
         reference = _estimate(f, [a.astype(np.float64) for a in arrays], COMPLEX_STEP, "complex", every)

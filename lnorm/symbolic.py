@@ -45,7 +45,6 @@ builds the dense D x D Jacobian of every row from the closed form: the
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,6 +58,7 @@ from .core import (
     _check_cache,
     _check_dy,
     _check_eps,
+    _check_int,
     _check_param,
 )
 
@@ -138,11 +138,7 @@ class ForwardExprs:
 
 
 def _check_D(D) -> int:
-    if isinstance(D, (bool, np.bool_)) or not isinstance(D, numbers.Integral):
-        raise TypeError(f"D must be an int (the row length), such as 3; got {type(D).__name__}.")
-    if D < 1:
-        raise ValueError(f"D must be >= 1 (the row length); got {D}.")
-    return int(D)
+    return _check_int(D, "D", 1, "D is the row length, such as 3.")
 
 
 def _column(name: str, D: int, **assumptions) -> sp.Matrix:
@@ -440,7 +436,7 @@ def evaluate_vjp(x, gamma, dy, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarra
         Summed over the rows, like :func:`lnorm.backward`.
     """
     x = _as_rows(x, "x")
-    D = _check_D(x.shape[-1])
+    D = x.shape[-1]
     gamma = _check_param(gamma, "gamma", D)
     dy = _as_float_array(dy, "dy")
     if dy.shape != x.shape:

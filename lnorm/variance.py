@@ -283,7 +283,7 @@ def exact(x: ArrayLike) -> RowStats:
     and elements, so keep it to small inputs (thousands of rows of a few
     hundred values take well under a second).
     """
-    x = _prepare(x, None)
+    x = _as_rows(x, "x")  # read only (tolist), so no copy
     _check_finite(x, "x")
     rows = x.reshape(-1, x.shape[-1]).tolist()
     mean = np.empty(len(rows))

@@ -7,11 +7,21 @@ import os
 import posixpath
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # LNORM_SITE_DIR checks a build made elsewhere (jupyter-book --path-output).
 SITE = Path(os.environ.get("LNORM_SITE_DIR", ROOT / "_build" / "html")).resolve()
+
+# Marks every test of the built site: it needs a build, and skips without one.
+needs_site = [
+    pytest.mark.built_book,
+    pytest.mark.skipif(
+        not (SITE / "index.html").is_file(),
+        reason=f"site not built: no {SITE / 'index.html'} (run `make book` first)",
+    ),
+]
 
 
 def toc_docnames() -> list[str]:

@@ -3,18 +3,15 @@ reference (the chain rule, node by node) and the max-norm relative error."""
 
 import numpy as np
 
+from lnorm import bench
+
 EPS = 1e-5
 
 
 def make_inputs(shape, dtype=np.float64, seed=0, loc=0.0, scale=1.0, param_scale=0.5):
-    """Seeded x ~ N(loc, scale), gamma ~ N(1, param_scale), beta ~ N(0, param_scale), dy ~ N(0, 1)."""
-    rng = np.random.default_rng(seed)
-    D = shape[-1]
-    x = rng.normal(loc, scale, size=shape).astype(dtype)
-    gamma = rng.normal(1.0, param_scale, size=D).astype(dtype)
-    beta = rng.normal(0.0, param_scale, size=D).astype(dtype)
-    dy = rng.normal(size=shape).astype(dtype)
-    return x, gamma, beta, dy
+    """``lnorm.bench.make_inputs`` with the core tests' defaults: x ~ N(loc, scale),
+    gamma ~ N(1, param_scale), beta ~ N(0, param_scale), dy ~ N(0, 1)."""
+    return bench.make_inputs(shape, dtype, seed, loc=loc, scale=scale, param_scale=param_scale)
 
 
 def chain_rule_forward(x, gamma, beta, eps=EPS, mean=None, var=None):

@@ -1,7 +1,7 @@
 """Checks over the built book (run by `make test` after `make book`'s build step).
 
-These read the built site (`_build/html`, or LNORM_SITE_DIR) and `_build/build.log`; the browser and link tests
-live in tests/test_site.py.
+These read the built site (`_build/html`, or LNORM_SITE_DIR) and
+`_build/build.log`; the browser and link tests live in tests/test_site.py.
 """
 
 import re
@@ -9,14 +9,11 @@ from pathlib import Path
 
 import pytest
 from bs4 import BeautifulSoup
-from built_site import ROOT, SITE, toc_docnames
+from built_site import ROOT, SITE, needs_site, toc_docnames
 
 LOG = ROOT / "_build" / "build.log"
 
-pytestmark = [
-    pytest.mark.built_book,
-    pytest.mark.skipif(not (SITE / "index.html").exists(), reason="the book is not built: run `make book`"),
-]
+pytestmark = needs_site
 
 
 def test_build_log_reports_no_warning():

@@ -91,6 +91,10 @@ def test_numpy_backward_with_float64_working_copies():
     assert t.bytes_read == 2 * FULL + (12 * full64 + 3 * ROW + 2 * PARAM) + full64 == 744
     assert t.bytes_written == 2 * full64 + (6 * full64 + 2 * ROW + 2 * PARAM) + FULL == 464
     assert t.passes == 18 + 3 * 2
+    # Working in the input's own dtype converts nothing: the plain program.
+    same = cost.traffic("backward", "numpy", work_itemsize=4, **SMALL)
+    assert same == cost.traffic("backward", "numpy", **SMALL)
+    assert same.passes == 18
 
 
 # --- tiled: fused traffic plus per-block parameter traffic --------------------------
@@ -197,6 +201,31 @@ def test_numpy_program_is_the_benchmark_reference():
 AWKWARD = [((7, 5), 3), ((1, 9), 4), ((6, 1), 4), ((0, 4), 2), ((3, 8), 100), ((5, 6), 1), ((2, 3, 10), 4)]
 
 
+def _dx_term_sizes(dy, cache):
+    """Per element, the size of the terms dx is summed from, in float64:
+    rstd * (|g| + mean|g| + |xhat| * mean|g * xhat|) with g = gamma * dy."""
+    g = np.abs(dy.astype(np.float64) * cache.gamma)
+    xh = np.abs(cache.xhat.astype(np.float64))
+    return cache.rstd[..., None] * (g + g.mean(-1, keepdims=True)
+                                    + xh * (g * xh).mean(-1, keepdims=True))
+
+
+def _assert_within_rounding_of_terms(dy, cache, ref, got, dx_factor, param_factor):
+    """``got`` = (dx, dgamma, dbeta) is within one unit in the last place of ``ref``
+    plus ``dx_factor`` times the size of dx's terms and ``param_factor`` times the
+    sums of |dy * xhat| and |dy| that dgamma and dbeta add up."""
+    dx, dgamma, dbeta = ref
+    ulp = np.spacing(np.abs(dx).astype(dx.dtype)).astype(np.float64)
+    bound = ulp + dx_factor * _dx_term_sizes(dy, cache)
+    assert np.all(np.abs(got[0].astype(np.float64) - dx) <= bound)
+    lead = tuple(range(dy.ndim - 1))
+    dy64 = dy.astype(np.float64)
+    for r, g, terms in [(dgamma, got[1], np.abs(dy64 * cache.xhat).sum(lead)),
+                        (dbeta, got[2], np.abs(dy64).sum(lead))]:
+        ulp = np.spacing(np.abs(r)).astype(np.float64)
+        assert np.all(np.abs(g.astype(np.float64) - r) <= ulp + param_factor * terms)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("shape, block_rows", AWKWARD)
 def test_tiled_backward_equals_plain_to_rounding(shape, block_rows, dtype):
@@ -211,19 +240,8 @@ def test_tiled_backward_equals_plain_to_rounding(shape, block_rows, dtype):
     # of the terms (reassociated sums), which can tip the final rounding by one unit.
     D, rows = shape[-1], int(np.prod(shape[:-1]))
     u64 = np.finfo(np.float64).eps
-    g = np.abs(dy.astype(np.float64) * gamma)
-    xh = np.abs(cache.xhat.astype(np.float64))
-    rstd = cache.rstd[..., None]
-    scale = rstd * (g + g.mean(-1, keepdims=True) + xh * (g * xh).mean(-1, keepdims=True))
-    ulp = np.spacing(np.abs(dx).astype(dtype)).astype(np.float64)
-    assert np.all(np.abs(dx_t.astype(np.float64) - dx) <= ulp + 8 * D * u64 * scale)
-    lead = tuple(range(len(shape) - 1))
-    for ref, got, terms in [
-        (dgamma, dgamma_t, np.abs(dy.astype(np.float64) * cache.xhat).sum(lead)),
-        (dbeta, dbeta_t, np.abs(dy.astype(np.float64)).sum(lead)),
-    ]:
-        ulp = np.spacing(np.abs(ref)).astype(np.float64)
-        assert np.all(np.abs(got.astype(np.float64) - ref) <= ulp + 4 * (rows + D) * u64 * terms)
+    _assert_within_rounding_of_terms(dy, cache, (dx, dgamma, dbeta), (dx_t, dgamma_t, dbeta_t),
+                                     dx_factor=8 * D * u64, param_factor=4 * (rows + D) * u64)
 
 
 def test_tiled_backward_agrees_closely_on_a_large_float64_problem():
@@ -273,8 +291,7 @@ def test_float64_work_keeps_what_float32_work_cancels():
     # work_dtype=float32 is the reference's arithmetic: it loses the same digits,
     # within the documented u32 times the size of the terms (D of them per sum).
     u32 = np.finfo(np.float32).eps / 2
-    terms = rstd * (np.abs(g) + np.abs(g.mean(-1, keepdims=True))
-                    + np.abs(xh * (g * xh).mean(-1, keepdims=True)))
+    terms = _dx_term_sizes(dy, cache)
     for block_rows in (None, 16):
         dx_w, _, _ = lnorm.backward(dy, cache, block_rows=block_rows, work_dtype=np.float32)
         err_w = np.max(np.abs(dx_w - exact))
@@ -295,19 +312,8 @@ def test_float32_work_is_float32_rounding_of_the_terms(shape, block_rows, dtype)
     # rounds up to D times), plus the final rounding to the input dtype.
     D, rows = shape[-1], int(np.prod(shape[:-1]))
     u32 = np.finfo(np.float32).eps / 2
-    g = np.abs(dy.astype(np.float64) * gamma)
-    xh = np.abs(cache.xhat.astype(np.float64))
-    rstd = cache.rstd[..., None]
-    scale = rstd * (g + g.mean(-1, keepdims=True) + xh * (g * xh).mean(-1, keepdims=True))
-    ulp = np.spacing(np.abs(dx).astype(dtype)).astype(np.float64)
-    assert np.all(np.abs(dx_w.astype(np.float64) - dx) <= ulp + (D + 4) * u32 * scale)
-    lead = tuple(range(len(shape) - 1))
-    for ref, got, terms in [
-        (dgamma, dgamma_w, np.abs(dy.astype(np.float64) * cache.xhat).sum(lead)),
-        (dbeta, dbeta_w, np.abs(dy.astype(np.float64)).sum(lead)),
-    ]:
-        ulp = np.spacing(np.abs(ref)).astype(np.float64)
-        assert np.all(np.abs(got.astype(np.float64) - ref) <= ulp + (rows + 4) * u32 * terms)
+    _assert_within_rounding_of_terms(dy, cache, (dx, dgamma, dbeta), (dx_w, dgamma_w, dbeta_w),
+                                     dx_factor=(D + 4) * u32, param_factor=(rows + 4) * u32)
 
 
 def test_float32_work_is_not_float64_work():

@@ -23,9 +23,8 @@ ALL_KERNELS = {name for f in kernels.KERNEL_FILES for name in kernels.kernel_par
 MAIN = re.compile(r"ln_(fwd|bwd)_(warp|block)_(f32|f16)_v(\d)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
-# Shapes with D a multiple of the vector width and not (7, 513, 1027, 4099),
-# warp-per-row (D <= 512) and block-per-row, up to the longest row, 8192.
-SHAPES = [(64, 1), (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64)]
+# The shapes the book checks (every kernel variant), and rows of one element.
+SHAPES = [(64, 1), *check.SHAPES]
 # Normwise relative error bounds against lnorm's float64 result. float32
 # arithmetic: a few units of u32 = 6e-8 (measured: at most 2.0e-7). float16
 # outputs are rounded once to float16: u16 = 4.9e-4. dgamma and dbeta are
@@ -110,6 +109,18 @@ def test_plan_mapping(D, dtype, vec, per_block, threads):
     assert p.kernel("backward") in ALL_KERNELS
 
 
+def test_checked_shapes_reach_every_kernel():
+    """The book's claim for check.SHAPES: both dtypes, every forward and backward variant."""
+    reached = {
+        kernels.plan(rows, D, dtype).kernel(direction)
+        for rows, D in check.SHAPES
+        for dtype in (np.float32, np.float16)
+        for direction in ("forward", "backward")
+    }
+    assert reached == {name for name in ALL_KERNELS if MAIN.fullmatch(name)}
+    assert len(reached) == 16
+
+
 @pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 1000, 65537, 10**6])
 def test_plan_strips_cover_every_row_once(rows):
     p = kernels.plan(rows, 256, np.float32)
@@ -159,6 +170,9 @@ def test_argument_checks_name_the_argument():
         emulate.backward(x, x, g, m.astype(np.float64), m)
     with pytest.raises(ValueError, match="dy must have the shape of x"):
         emulate.backward(x[:2], x, g, m, m)
+    for bad in (0.0, -1e-5, float("nan")):  # the checks of lnorm.forward
+        with pytest.raises(ValueError, match="eps must be finite and > 0"):
+            emulate.forward(x, g, g, eps=bad)
 
 
 def test_emulation_does_not_modify_inputs():

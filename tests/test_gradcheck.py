@@ -16,6 +16,7 @@ from lnorm.gradcheck import (
     directional_check,
     step_sweep,
 )
+from reference import make_inputs
 
 U64 = 2.0 ** -53
 
@@ -54,11 +55,7 @@ def ab():
 @pytest.fixture
 def layernorm_case():
     """(2, 3, 8) with gamma far from 1 and nonzero beta, and its gradients."""
-    rng = np.random.default_rng(11)
-    x = rng.normal(size=(2, 3, 8))
-    gamma = rng.normal(1.0, 0.5, size=8)
-    beta = rng.normal(0.0, 0.5, size=8)
-    dy = rng.normal(size=(2, 3, 8))
+    x, gamma, beta, dy = make_inputs((2, 3, 8), seed=11)
     grads = lnorm.backward(dy, lnorm.forward(x, gamma, beta)[1])
     return [x, gamma, beta], dy, list(grads)
 
@@ -192,8 +189,11 @@ def test_layernorm_gradients_pass_the_complex_step(layernorm_case):
 def test_layernorm_float32_loss_passes_central_differences(layernorm_case):
     arrays, dy, _ = layernorm_case
     arrays32 = [a.astype(np.float32) for a in arrays]
-    exact = lnorm.backward(dy, lnorm.forward(*[a.astype(np.float64) for a in arrays32])[1])
-    r = check_gradients(gradcheck.layernorm_loss(dy.astype(np.float32)), list(exact), arrays32)
+    dy32 = dy.astype(np.float32)
+    # The float32 loss's own gradient: the float64 backward at its rounded x, gamma, beta and dy.
+    up = [a.astype(np.float64) for a in (*arrays32, dy32)]
+    exact = lnorm.backward(up[3], lnorm.forward(*up[:3])[1])
+    r = check_gradients(gradcheck.layernorm_loss(dy32), list(exact), arrays32)
     assert r.h == pytest.approx(2.0 ** -8) and r.tol == 1e-3
     # Near the optimum the error is of order u32**(2/3) = 1.5e-5.
     assert r.passed and r.max_rel_error < 2e-4

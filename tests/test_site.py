@@ -35,9 +35,9 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 from bs4 import BeautifulSoup
-from built_site import ROOT, SITE, toc_docnames
+from built_site import ROOT, SITE, needs_site, toc_docnames
 
-pytestmark = pytest.mark.built_book
+pytestmark = needs_site
 
 
 # Chromium contacts these hosts on its own (component updates, clock, sign-in),
@@ -89,7 +89,6 @@ CHAPTERS = PAGES[1:]  # the root page (intro) is not numbered
 
 def source_of(docname: str) -> str:
     """The MyST markdown source the page was built from (its copy in the build)."""
-    built_page(docname)
     return (SITE / "_sources" / f"{docname}.md").read_text(encoding="utf-8")
 
 
@@ -173,13 +172,6 @@ def broken_references(page: str, soup: BeautifulSoup) -> list[str]:
     return problems
 
 
-def built_page(docname: str) -> str:
-    """Site-relative path of a page, skipping the test when the site is not built."""
-    if not (SITE / "index.html").is_file():
-        pytest.skip(f"site not built: no {SITE / 'index.html'} (run `make book` first)")
-    return f"{docname}.html"
-
-
 # ---------------------------------------------------------------- the browser
 
 
@@ -250,7 +242,6 @@ def refusing_proxy(hosts: list[str]) -> type[socketserver.BaseRequestHandler]:
 @pytest.fixture(scope="module")
 def visits() -> dict[str, Visit]:
     """Open every toc page in headless Chromium once; the tests below inspect the results."""
-    built_page(PAGES[0])
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         pytest.skip("chromium is not installed (Debian: apt-get install chromium; .ci/run does it)")
@@ -379,7 +370,6 @@ def test_page_links_resolve_in_the_browser(visits: dict[str, Visit], docname: st
 
 
 def test_every_internal_link_and_anchor_resolves() -> None:
-    built_page(PAGES[0])
     pages = [
         path.relative_to(SITE).as_posix()
         for path in sorted(SITE.rglob("*.html"))
@@ -393,7 +383,6 @@ def test_every_internal_link_and_anchor_resolves() -> None:
 
 
 def test_stylesheets_load_nothing_from_outside() -> None:
-    built_page(PAGES[0])
     outside = []
     for css in SITE.joinpath("_static").rglob("*.css"):
         text = css.read_text(encoding="utf-8", errors="replace")
@@ -405,7 +394,7 @@ def test_stylesheets_load_nothing_from_outside() -> None:
 
 
 def test_math_is_served_from_the_site() -> None:
-    page = built_page(PAGES[1])
+    page = f"{PAGES[1]}.html"
     scripts = [tag["src"] for tag in built(page).find_all("script", src=True)]
     mathjax = [src for src in scripts if "mathjax" in src.lower()]
     assert mathjax and all(check_reference(page, src, loading=True) is None for src in mathjax), scripts
@@ -415,7 +404,7 @@ def test_math_is_served_from_the_site() -> None:
 
 @pytest.mark.parametrize("docname", CHAPTERS)
 def test_chapter_offers_its_source_for_download(docname: str) -> None:
-    page = built_page(docname)
+    page = f"{docname}.html"
     soup = built(page)
     downloads = [a["href"] for a in soup.select(".dropdown-download-buttons a[href]")]
     assert all(check_reference(page, href, loading=False) is None for href in downloads), downloads
@@ -445,15 +434,34 @@ def bibliography_page() -> str:
 
 
 def test_bibliography_lists_every_reference() -> None:
-    page = built_page(bibliography_page())
+    page = f"{bibliography_page()}.html"
     entries = built(page).select("div.citation")
     bib = (ROOT / "book" / "references.bib").read_text(encoding="utf-8")
     assert len(entries) == len(re.findall(r"^@\w+\{", bib, re.M))
 
 
+def test_bibliography_labels_read_like_the_citations() -> None:
+    """Entries are labelled "Ba et al., 2016" (book/_ext/lnorm_site.py), as chapters cite them."""
+    page = f"{bibliography_page()}.html"
+    entries = built(page).select("div.citation[id]")
+    labels = [" ".join(entry.select_one("span.label").get_text().split()) for entry in entries]
+    assert labels and all(re.fullmatch(r"\[[^\[\],]+, \d{4}[a-z]?\]", label) for label in labels), labels
+    names = {label[1:-1] for label in labels}
+    years = {name.rsplit(", ", 1)[1] for name in names}
+    # {cite:p} links "Ba et al., 2016"; {cite:t} writes the names and links the year.
+    entry_ids = {entry["id"] for entry in entries}
+    linked = {
+        " ".join(a.get_text().split())
+        for docname in CHAPTERS
+        for a in built(f"{docname}.html").find_all("a", href=True)
+        if target_of(f"{docname}.html", a["href"]) == page and urlsplit(a["href"]).fragment in entry_ids
+    }
+    assert linked and linked <= names | years, sorted(linked - names - years)
+
+
 @pytest.mark.parametrize("docname", PAGES)
 def test_citations_link_to_the_bibliography(docname: str) -> None:
-    page = built_page(docname)
+    page = f"{docname}.html"
     cited = [
         key.strip()
         for keys in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", source_of(docname))
@@ -472,7 +480,7 @@ def test_glossary_defines_the_shared_symbols() -> None:
     assert pages, "no glossary page in _toc.yml"
     terms = {
         str(dt.find(string=True)).strip()
-        for dt in built(built_page(pages[0])).select("dl.glossary dt")
+        for dt in built(f"{pages[0]}.html").select("dl.glossary dt")
     }
     missing = [symbol for symbol in GLOSSARY_SYMBOLS if symbol not in terms]
     assert not missing, f"glossary lacks {missing}; it has {sorted(terms)}"
@@ -481,7 +489,7 @@ def test_glossary_defines_the_shared_symbols() -> None:
 def test_chapters_are_numbered_in_toc_order() -> None:
     numbers = []
     for docname in CHAPTERS:
-        h1 = built(built_page(docname)).select_one("article h1")
+        h1 = built(f"{docname}.html").select_one("article h1")
         number = h1.find("span", class_="section-number") if h1 else None
         numbers.append(number.get_text(strip=True) if number else None)
     assert numbers == [f"{i}." for i in range(1, len(CHAPTERS) + 1)]
@@ -494,7 +502,6 @@ def page_holding(anchor: str) -> str | None:
 
 
 def test_shared_labels_exist_in_chapter_order() -> None:
-    built_page(PAGES[0])
     holders = {label: page_holding(label) for label in CHAPTER_LABELS}
     assert all(holders.values()), f"chapter labels not found: {[k for k, v in holders.items() if not v]}"
     order = [CHAPTERS.index(holders[label]) for label in CHAPTER_LABELS]
@@ -504,7 +511,6 @@ def test_shared_labels_exist_in_chapter_order() -> None:
 
 
 def test_derivation_equations_are_numbered() -> None:
-    built_page(PAGES[0])
     derivation = page_holding("ch-derivation")
     assert derivation, "no page holds ch-derivation"
     soup = built(f"{derivation}.html")

@@ -16,7 +16,13 @@ from ..core import backward as core_backward
 from ..core import forward as core_forward
 from ..gradcheck import compare_gradients
 
-__all__ = ["make_inputs", "forward_backward", "reference", "relative_errors"]
+__all__ = ["SHAPES", "make_inputs", "forward_backward", "reference", "relative_errors"]
+
+#: ``(rows, D)`` at which the book and the tests check the kernels: between
+#: them every kernel variant (tests/test_gpu.py asserts it), warp and block
+#: per row, ``D`` a multiple of the vector width (512, 8192, 64) and not (7,
+#: 513, 1027, 4099), up to the longest row, and many short rows.
+SHAPES = ((64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64))
 
 
 def _host(a) -> np.ndarray:

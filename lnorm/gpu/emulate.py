@@ -91,7 +91,7 @@ def forward(
     y : ndarray, shape and dtype of ``x``
     mean, rstd : ndarray, float32, shape ``x.shape[:-1]``
     """
-    p = check_forward_args(x, gamma, beta)
+    p = check_forward_args(x, gamma, beta, eps)
     x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
     D = F32(p.D)
     mean = row_sum(x32, p) / D

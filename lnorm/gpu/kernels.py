@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..core import _check_eps
+
 __all__ = [
     "SOURCE_DIR",
     "KERNEL_FILES",
@@ -146,16 +148,23 @@ def _nvrtc():
 
 
 def _compile(filename: str, arch: str, output: str) -> bytes:
-    number = _arch_number(arch)
+    return _compile_text(source(filename), filename, _arch_number(arch), output)
+
+
+@functools.cache
+def _compile_text(text: str, filename: str, number: int, output: str) -> bytes:
+    # Cached on the source text itself: a compile takes about a second (a
+    # cubin two), and the book, the tests and every FusedLayerNorm ask for the
+    # same few; an edited .cu file is a new key, so it is never served stale.
     nvrtc = _nvrtc()
     target = f"-arch=compute_{number}" if output == "ptx" else f"-arch=sm_{number}"
-    program = nvrtc.createProgram(source(filename), filename, [], [])
+    program = nvrtc.createProgram(text, filename, [], [])
     try:
         try:
             nvrtc.compileProgram(program, [target, *COMPILE_OPTIONS])
         except nvrtc.NVRTCError as exc:
             raise RuntimeError(
-                f"NVRTC failed to compile {filename} for {arch}:\n{nvrtc.getProgramLog(program)}"
+                f"NVRTC failed to compile {filename} for sm_{number}:\n{nvrtc.getProgramLog(program)}"
             ) from exc
         return nvrtc.getPTX(program) if output == "ptx" else nvrtc.getCUBIN(program)
     finally:
@@ -368,12 +377,14 @@ def _check_param(p, name: str, D: int, dtype: np.dtype) -> None:
         )
 
 
-def check_forward_args(x, gamma, beta) -> LaunchPlan:
+def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
     """Validate forward arguments (NumPy or CuPy arrays) and return the plan.
 
     ``x`` has shape ``(..., D)``; ``gamma`` and ``beta`` shape ``(D,)``, all of
-    one dtype, float32 or float16.
+    one dtype, float32 or float16; ``eps`` finite and > 0, as for
+    :func:`lnorm.forward`.
     """
+    _check_eps(eps)
     dtype = _check_dtype(x.dtype, "x")
     if x.ndim < 1:
         raise ValueError("x must have shape (..., D); got a 0-d array.")

@@ -21,6 +21,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from .kernels import KERNEL_FILES, compile_ptx, kernel_params
+
 __all__ = [
     "MemoryOp",
     "KernelPTX",
@@ -334,8 +336,6 @@ def inspect_kernels(arch: str = "sm_90") -> tuple[dict[str, KernelPTX], dict[str
     usage : dict or None
         ``{kernel: PtxasUsage}`` from ``ptxas -v``, or None where ptxas is absent.
     """
-    from .kernels import KERNEL_FILES, compile_ptx, kernel_params
-
     reports: dict[str, KernelPTX] = {}
     usage: dict[str, PtxasUsage] | None = {} if ptxas_path() is not None else None
     for filename in KERNEL_FILES:
