@@ -49,11 +49,11 @@ book: $(STAMP)
 	@echo "Built: $(CURDIR)/$(HTML)"
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not built_book" -q
+	$(PY) -m pytest -m "not built_book" -q --durations=15
 
 # The built site: pages in headless Chromium (tests/test_site.py), links, numbering.
 site-tests: $(STAMP)
-	$(PY) -m pytest -m built_book -q
+	$(PY) -m pytest -m built_book -q --durations=10
 
 # In this order, also under `make -j`: unit tests, then the book, then the site.
 test: $(STAMP)

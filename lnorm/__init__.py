@@ -6,7 +6,8 @@ The public API is two functions and the cache between them::
     dx, dgamma, dbeta = lnorm.backward(dy, cache)
 
 The other modules (``lnorm.variance``, ``lnorm.gradcheck``, ``lnorm.symbolic``,
-``lnorm.cost``, ``lnorm.bench``, ``lnorm.gpu``) are imported by name; importing
+``lnorm.cost``, ``lnorm.bench``, ``lnorm.gpu``, and ``lnorm.prose``, the book's
+glue and number-formatting helper) are imported by name; importing
 ``lnorm`` does not import SymPy or CuPy.
 """
 

@@ -1,0 +1,259 @@
+r"""Numbers for the book's prose: one glue helper, one number format, one table.
+
+Every number a chapter quotes comes from a cell. The cell hands it to the
+text with :func:`glue`, inside a cell tagged ``remove-cell``, and the prose
+shows it with a MyST-NB role:
+
+* a plain number, formatted by the role: ``{glue:text}`name:.2f```;
+* a number in scientific notation, typeset as a × 10^k: glue ``sci(value)``
+  and write ``{glue}`name```. It renders as ``$1.2 \times 10^{-5}$`` (the
+  book sets ``nb_render_markdown_format: myst``, so the math is typeset), and
+  as ``1.2 × 10⁻⁵`` wherever only plain text is shown.
+
+Measurements that the prose does not quote go into one collapsed table per
+section, made by :func:`table` in a cell tagged ``remove-input``.
+
+Example, in a chapter::
+
+    from lnorm.prose import glue, sci, table
+    glue(err=sci(3.2e-7), ratio=2.5)        # {glue}`err`, {glue:text}`ratio:.1f`
+    table(["offset", "error"], [[1e4, 3.2e-7], [1e6, 4.1e-7]])
+
+This module imports MyST-NB only when :func:`glue` is called, so ``lnorm``
+itself does not need the book's packages.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import numbers
+from collections.abc import Iterable, Sequence
+
+__all__ = ["Sci", "sci", "glue", "table", "Table"]
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+class Sci:
+    r"""A number to be typeset as ``a × 10^k``.
+
+    Built by :func:`sci`. Its Markdown form is inline math,
+    ``$a \times 10^{k}$``; its plain-text form uses Unicode,
+    ``a × 10ᵏ``, so a notebook output shows the same number readably.
+
+    Attributes
+    ----------
+    value : float
+        The number itself (unrounded).
+    mantissa : str
+        The digits shown before ``× 10^k``, already rounded.
+    exponent : int
+        The power of ten ``k``.
+    """
+
+    def __init__(self, value: float, digits: int = 2) -> None:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"sci: value must be a real number, got {type(value).__name__}")
+        if not isinstance(digits, numbers.Integral) or isinstance(digits, bool) or digits < 1:
+            raise ValueError(f"sci: digits must be an integer >= 1, got {digits!r}")
+        self.value = float(value)
+        self.digits = int(digits)
+        if not math.isfinite(self.value):
+            self.mantissa, self.exponent = repr(self.value), 0
+            return
+        if self.value == 0.0:
+            self.mantissa, self.exponent = "0", 0
+            return
+        # Round first, then read the exponent: 9.96e-6 with 2 digits is 1.0e-5.
+        mantissa, exponent = f"{self.value:.{self.digits - 1}e}".split("e")
+        self.mantissa, self.exponent = mantissa, int(exponent)
+
+    def _parts(self) -> tuple[str, str | None]:
+        """(mantissa, exponent) to print; exponent None for plain numbers."""
+        if not math.isfinite(self.value) or self.value == 0.0 or self.exponent == 0:
+            return self.mantissa, None
+        # "1.0 × 10^-5" reads as "10^-5": drop a mantissa that is exactly one.
+        if self.mantissa.lstrip("-").rstrip("0").rstrip(".") == "1":
+            return ("-" if self.mantissa.startswith("-") else ""), str(self.exponent)
+        return self.mantissa, str(self.exponent)
+
+    def latex(self) -> str:
+        """The number in TeX, without dollar signs: ``1.2 \\times 10^{-5}``."""
+        if math.isnan(self.value):
+            return r"\mathrm{NaN}"
+        if math.isinf(self.value):
+            return ("-" if self.value < 0 else "") + r"\infty"
+        mantissa, exponent = self._parts()
+        if exponent is None:
+            return mantissa
+        if mantissa in ("", "-"):
+            return f"{mantissa}10^{{{exponent}}}"
+        return f"{mantissa} \\times 10^{{{exponent}}}"
+
+    def __str__(self) -> str:
+        if not math.isfinite(self.value):
+            return self.mantissa
+        mantissa, exponent = self._parts()
+        if exponent is None:
+            return mantissa
+        power = "10" + exponent.translate(_SUPERSCRIPT)
+        return f"{mantissa}{power}" if mantissa in ("", "-") else f"{mantissa} × {power}"
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def __float__(self) -> float:
+        return self.value
+
+    def _repr_markdown_(self) -> str:
+        return f"${self.latex()}$"
+
+    def _repr_latex_(self) -> str:
+        return f"${self.latex()}$"
+
+
+def sci(value: float, digits: int = 2) -> Sci:
+    r"""Typeset ``value`` as a × 10^k with ``digits`` significant digits.
+
+    Parameters
+    ----------
+    value : float
+        Any real number; NaN and infinities print as such.
+    digits : int, default 2
+        Significant digits of the mantissa ``a``.
+
+    Returns
+    -------
+    Sci
+        Glue it with :func:`glue` and show it with ``{glue}`name```.
+
+    Examples
+    --------
+    >>> str(sci(0.000012345))
+    '1.2 × 10⁻⁵'
+    >>> sci(0.000012345).latex()
+    '1.2 \\times 10^{-5}'
+    >>> sci(1e-5).latex(), sci(3.5).latex()
+    ('10^{-5}', '3.5')
+    """
+    return Sci(value, digits)
+
+
+def glue(**values: object) -> None:
+    """Hand values to the prose of the page, without displaying them.
+
+    Each keyword becomes a MyST-NB glue name. Call it in a cell tagged
+    ``remove-cell``: the bookkeeping stays out of the reader's sight.
+
+    Parameters
+    ----------
+    **values
+        ``name=value`` pairs. NumPy scalars are stored as Python numbers, so
+        that ``{glue:text}`name:.3g``` formats them; :class:`Sci` values are
+        shown with ``{glue}`name```.
+
+    Examples
+    --------
+    In a chapter (needs MyST-NB)::
+
+        glue(eps=sci(1e-5), D=1024)
+    """
+    from myst_nb import glue as _myst_glue
+
+    for name, value in values.items():
+        if isinstance(value, numbers.Number) and not isinstance(value, (bool, int, float)):
+            # NumPy scalars: their repr ("np.float64(0.5)") would break the
+            # format spec of a glue:text role.
+            value = value.item() if hasattr(value, "item") else float(value)
+        _myst_glue(name, value, display=False)
+
+
+def _cell(value: object, digits: int) -> str:
+    if isinstance(value, Sci) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return str(value)
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    v = float(value)
+    if v == 0.0 or not math.isfinite(v):
+        return f"{v:g}"
+    if 1e-2 <= abs(v) < 1e4:
+        return _fixed(v, digits)
+    return str(Sci(v, digits))
+
+
+def _fixed(v: float, digits: int) -> str:
+    """``digits`` significant digits without exponent (for 0.01 <= |v| < 1e4)."""
+    decimals = max(digits - 1 - math.floor(math.log10(abs(v))), 0)
+    return f"{v:.{decimals}f}"
+
+
+class Table:
+    """A collapsed table of measurements: HTML, readable on the site and in JupyterLab."""
+
+    def __init__(self, columns: Sequence[str], rows: Iterable[Sequence[object]],
+                 title: str = "Measurements", digits: int = 3, open: bool = False) -> None:
+        self.columns = [str(c) for c in columns]
+        self.rows = [list(r) for r in rows]
+        for r in self.rows:
+            if len(r) != len(self.columns):
+                raise ValueError(
+                    f"table: a row has {len(r)} cells, but there are {len(self.columns)} columns"
+                )
+        self.title = title
+        self.digits = digits
+        self.open = open
+
+    def text(self) -> list[list[str]]:
+        """The cells as the reader sees them."""
+        return [[_cell(v, self.digits) for v in r] for r in self.rows]
+
+    def _repr_html_(self) -> str:
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in self.columns)
+        body = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>"
+            for r in self.text()
+        )
+        state = " open" if self.open else ""
+        return (
+            f'<details class="lnorm-table"{state}><summary>{html.escape(self.title)}</summary>'
+            f'<table class="table"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{body}</tbody></table></details>"
+        )
+
+    def __repr__(self) -> str:
+        widths = [max(len(c), *(len(r[i]) for r in self.text())) if self.rows else len(c)
+                  for i, c in enumerate(self.columns)]
+        lines = [self.title, "  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in self.text()]
+        return "\n".join(lines)
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[object]],
+          title: str = "Measurements", digits: int = 3, open: bool = False) -> Table:
+    """The book's one table idiom: measurements in a table collapsed under ``title``.
+
+    Return it as the last value of a cell tagged ``remove-input``. Numbers are
+    printed with ``digits`` significant digits; very small or large ones as
+    a × 10^k (Unicode, so no math rendering is needed).
+
+    Parameters
+    ----------
+    columns : sequence of str
+        Column headings, with units.
+    rows : iterable of sequences
+        One sequence of cells per row, as long as ``columns``.
+    title : str, default "Measurements"
+        The line the reader clicks to open the table.
+    digits : int, default 3
+        Significant digits of numbers.
+    open : bool, default False
+        Show the table open instead of collapsed.
+
+    Examples
+    --------
+    >>> t = table(["D", "error", "ratio"], [[1024, 3.21e-7, 2.5]])
+    >>> t.text()
+    [['1,024', '3.21 × 10⁻⁷', '2.50']]
+    """
+    return Table(columns, rows, title=title, digits=digits, open=open)

@@ -1,0 +1,63 @@
+"""lnorm.prose: the number format and the table idiom every chapter uses."""
+
+import math
+
+import numpy as np
+import pytest
+
+from lnorm.prose import Sci, sci, table
+
+
+@pytest.mark.parametrize(
+    "value, digits, latex, text",
+    [
+        (1.2345e-5, 2, r"1.2 \times 10^{-5}", "1.2 × 10⁻⁵"),
+        (-6.02e23, 3, r"-6.02 \times 10^{23}", "-6.02 × 10²³"),
+        (9.96e-6, 2, r"10^{-5}", "10⁻⁵"),  # rounds up into the next decade
+        (1e-5, 2, r"10^{-5}", "10⁻⁵"),
+        (-1e3, 1, r"-10^{3}", "-10³"),
+        (3.5, 2, "3.5", "3.5"),
+        (0.0, 2, "0", "0"),
+        (math.inf, 2, r"\infty", "inf"),
+        (math.nan, 2, r"\mathrm{NaN}", "nan"),
+    ],
+)
+def test_sci_typesets_a_times_ten_to_the_k(value, digits, latex, text):
+    s = sci(value, digits)
+    assert s.latex() == latex
+    assert str(s) == text
+    assert s._repr_markdown_() == f"${latex}$"
+
+
+def test_sci_keeps_the_value_and_accepts_numpy_scalars():
+    s = sci(np.float32(2.5e-7))
+    assert isinstance(s, Sci)
+    assert float(s) == pytest.approx(2.5e-7, rel=1e-6)
+    assert s.latex() == r"2.5 \times 10^{-7}"
+
+
+@pytest.mark.parametrize("bad", ["1e-5", None, True, 1 + 2j])
+def test_sci_rejects_what_is_not_a_real_number(bad):
+    with pytest.raises(TypeError, match="real number"):
+        sci(bad)
+
+
+@pytest.mark.parametrize("digits", [0, -1, 1.5])
+def test_sci_rejects_bad_digits(digits):
+    with pytest.raises(ValueError, match="digits"):
+        sci(1.0, digits)
+
+
+def test_table_formats_cells_and_collapses():
+    t = table(["D", "error", "ratio", "name"], [[1024, 3.21e-7, 2.5, "fused"], [8, 0.0, 12345.0, "x"]])
+    assert t.text() == [["1,024", "3.21 × 10⁻⁷", "2.50", "fused"], ["8", "0", "1.23 × 10⁴", "x"]]
+    page = t._repr_html_()
+    assert page.startswith('<details class="lnorm-table"><summary>Measurements</summary>')
+    assert page.count("<tr>") == 3 and "<th>error</th>" in page
+    assert " open>" in table(["a"], [[1]], open=True)._repr_html_()
+
+
+def test_table_escapes_html_and_checks_row_length():
+    assert "&lt;b&gt;" in table(["<b>"], [["x"]])._repr_html_()
+    with pytest.raises(ValueError, match="2 cells, but there are 1 columns"):
+        table(["a"], [[1, 2]])
