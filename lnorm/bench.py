@@ -1,30 +1,33 @@
-"""Timings of layer normalization against this machine's own copy bandwidth.
+r"""Timings of layer normalization against this machine's own copy bandwidth.
 
-Run ``python -m lnorm.bench`` (``--help`` for the options). One run measures
+Run ``python -m lnorm.bench`` (``--help`` for the options; ``--quick`` takes
+a few seconds). It times the rungs of the cost chapter's ladder, forward and
+backward:
 
-* the copy bandwidth: bytes read plus bytes written per second by
-  ``np.copyto`` between two arrays far larger than the last-level cache, the
-  fastest any pass over memory can go from NumPy;
-* the forward and the backward of three implementations:
-  ``reference``, the straightforward NumPy code below (one temporary per
-  operator, in the input dtype); ``plain``, :func:`lnorm.forward` /
-  :func:`lnorm.backward` (op by op, in float64); ``tiled``, the same with
-  ``block_rows=tile_rows(D)`` (blocks whose float64 buffers stay in cache);
-* and a fourth backward, ``tiled_f32``: the tiled backward with
-  ``work_dtype=np.float32`` (float32 arithmetic, as the GPU kernels do; for
-  float16 and float32 inputs only, since it would round float64 ones);
+``reference``
+    Straightforward NumPy in the input dtype, one temporary per operator
+    (:func:`reference_forward`, :func:`reference_backward`): the code a
+    tutorial writes.
+``tiled``
+    :func:`lnorm.forward` / :func:`lnorm.backward` with
+    ``block_rows=tile_rows(D)``: the NumPy formula in float64 on blocks of
+    rows whose temporaries stay in cache.
+``fused``
+    :mod:`lnorm.fused`, one compiled pass per row (what ``lnorm.forward`` and
+    ``lnorm.backward`` run by default).
 
-and prints, for each, the median time and that time as a multiple of the
-**bandwidth floor**: the bytes the operation must move (each input read once,
-each output written once, :func:`lnorm.cost.traffic` with the ``"fused"``
-schedule) divided by the copy bandwidth. A ratio near 1 means the code runs
-at memory speed; nothing that reads and writes memory can go below it by
-much.
+and, in every repetition, the **floor**: a copy (``np.copyto``) between two
+arrays of at least four times the last-level cache, which gives the copy
+bandwidth ``B`` (bytes read plus written per second). An operation that must
+move ``b`` bytes (each input read once, each output written once:
+:func:`floor_bytes`) cannot take much less than ``b / B``; ``x_floor`` is the
+measured time over that.
 
-Implementations are timed in turn within each repetition, so that noise from
-other processes on the machine falls on all of them alike; the median over
-the repetitions is reported, with the median number of page faults per call
-in the JSON output (fresh memory the operating system maps in for new arrays).
+Every repetition calls the copy and each implementation once, in a shuffled
+order (seeded), so that noise from other processes falls on all of them
+alike; ratios are taken within a repetition and their median reported. BLAS
+threads are pinned (``--threads``, default 1: every rung and the copy run on
+one core) with threadpoolctl, and recorded.
 """
 
 from __future__ import annotations
@@ -34,26 +37,16 @@ import json
 import platform
 import sys
 import time
+import tracemalloc
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+from threadpoolctl import threadpool_info, threadpool_limits
 
-try:  # POSIX only: page faults are counted where it exists
-    import resource
-except ImportError:  # pragma: no cover - Windows
-    resource = None
-
-from .core import (
-    SUPPORTED_DTYPES,
-    _check_int,
-    backward,
-    backward_formula,
-    forward,
-    forward_formula,
-    tile_rows,
-)
+from .core import SUPPORTED_DTYPES, backward, backward_formula, forward, forward_formula, tile_rows
 from .cost import traffic
+from .validate import check_int
 
 __all__ = [
     "DEFAULT_SHAPES",
@@ -61,29 +54,31 @@ __all__ = [
     "IMPLEMENTATIONS",
     "reference_forward",
     "reference_backward",
-    "copy_bandwidth",
-    "time_round_robin",
     "make_inputs",
     "floor_bytes",
+    "copy_arrays",
+    "time_round_robin",
     "run",
     "tile_sweep",
+    "size_sweep",
+    "peak_bytes",
     "cache_sizes",
+    "machine",
     "format_table",
     "main",
 ]
 
-DEFAULT_SHAPES = ((1, 128, 256), (4, 256, 512), (8, 512, 1024))
-QUICK_SHAPES = ((1, 128, 256), (8, 512, 1024))
-IMPLEMENTATIONS = ("reference", "plain", "tiled", "tiled_f32")
-F32 = np.dtype(np.float32)
+DEFAULT_SHAPES = ((8, 512, 1024), (32, 1024, 1024))
+QUICK_SHAPES = ((8, 512, 1024),)
+IMPLEMENTATIONS = ("reference", "tiled", "fused")
 EPS = 1e-5
+MIB = 2**20
 
 
 # --- the straightforward reference: one temporary per operator --------------------
 #
-# The program lnorm.cost.numpy_program spells out step by step is the code of
-# lnorm.core.forward_formula and lnorm.core.backward_formula (tests/test_cost.py
-# checks that every step appears there verbatim), so the "numpy" schedule of
+# lnorm.cost.numpy_program spells out, step by step, the lines of
+# lnorm.core.forward_formula and backward_formula, so the "numpy" schedule of
 # the traffic model counts exactly what these two functions move.
 
 def reference_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = EPS):
@@ -92,6 +87,13 @@ def reference_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
     :func:`lnorm.core.forward_formula` on the rows of ``x``. Returns ``y`` and
     ``(xhat, rstd)`` (2-D, ``rstd`` of shape ``(rows, 1)``) for
     :func:`reference_backward`.
+
+    Examples
+    --------
+    >>> y, (xhat, rstd) = reference_forward(np.array([[1.0, 3.0]]), np.ones(2),
+    ...                                     np.zeros(2), eps=0.0)
+    >>> y
+    array([[-1.,  1.]])
     """
     y, _, rstd, xhat = forward_formula(x.reshape(-1, x.shape[-1]), gamma, beta, eps)
     return y, (xhat, rstd)
@@ -103,35 +105,33 @@ def reference_backward(dy: np.ndarray, saved, gamma: np.ndarray):
     :func:`lnorm.core.backward_formula` on the rows of ``dy``, from the
     ``(xhat, rstd)`` of :func:`reference_forward`. Returns ``dx`` (2-D),
     ``dgamma``, ``dbeta``.
+
+    Examples
+    --------
+    >>> _, saved = reference_forward(np.array([[1.0, 3.0]]), np.ones(2), np.zeros(2))
+    >>> dx, dgamma, dbeta = reference_backward(np.ones((1, 2)), saved, np.ones(2))
+    >>> dbeta
+    array([1., 1.])
     """
     xhat, rstd = saved
     return backward_formula(dy.reshape(-1, xhat.shape[-1]), xhat, gamma, rstd)
 
 
-# --- measuring --------------------------------------------------------------------
-
-def copy_bandwidth(nbytes: int = 64 * 2**20, repeat: int = 7) -> float:
-    """Copy bandwidth in bytes per second: ``2 * nbytes / median time`` of ``np.copyto``.
-
-    The arrays must be much larger than the last-level cache for this to
-    measure main memory (64 MiB each by default).
-    """
-    src = np.ones(nbytes // 8, dtype=np.float64)
-    dst = np.empty_like(src)
-    seconds, _ = time_round_robin({"copy": lambda: np.copyto(dst, src)}, repeat)
-    return 2.0 * src.nbytes / seconds["copy"]
-
-
 def make_inputs(shape: Sequence[int], dtype, seed: int = 0, *,
                 loc: float = 0.5, scale: float = 2.0, param_scale: float = 0.3):
-    """Seeded ``x, gamma, beta, dy``: ``x`` and ``dy`` of ``shape``, ``gamma`` and ``beta`` of ``(D,)``.
+    """Seeded ``x, gamma, beta, dy``: ``x`` and ``dy`` of ``shape``, the parameters ``(D,)``.
 
     Normal draws, in this order from ``numpy.random.default_rng(seed)``:
-    ``x`` with mean ``loc`` and standard deviation ``scale`` (by default 0.5
-    and 2: an offset the centring must remove), ``gamma`` with mean 1 and
-    deviation ``param_scale``, ``beta`` with mean 0 and deviation
-    ``param_scale`` (0.3 by default), ``dy`` standard. The defaults give
-    values a float16 holds with room to spare; converted to ``dtype`` last.
+    ``x`` with mean ``loc`` and standard deviation ``scale`` (an offset the
+    centring must remove), ``gamma`` with mean 1 and deviation
+    ``param_scale``, ``beta`` with mean 0 and deviation ``param_scale``,
+    ``dy`` standard; converted to ``dtype`` last.
+
+    Examples
+    --------
+    >>> x, gamma, beta, dy = make_inputs((2, 3), np.float32, seed=1)
+    >>> x.shape, gamma.shape, x.dtype
+    ((2, 3), (3,), dtype('float32'))
     """
     rng = np.random.default_rng(seed)
     D = shape[-1]
@@ -143,183 +143,36 @@ def make_inputs(shape: Sequence[int], dtype, seed: int = 0, *,
 
 
 def floor_bytes(direction: str, shape: Sequence[int], dtype) -> int:
-    """Bytes ``direction`` must move at the least: the fused schedule's count."""
+    """Bytes ``direction`` must move at the least: inputs read once, outputs written once.
+
+    The fused schedule of :func:`lnorm.cost.traffic`, with ``rstd`` in
+    float64 as :mod:`lnorm.core` keeps it.
+
+    Examples
+    --------
+    >>> floor_bytes("backward", (2, 4), np.float32)  # 3 x 32 + rstd 16 + 3 params x 16
+    160
+    """
     D = int(shape[-1])
     rows = int(np.prod(shape[:-1], dtype=np.int64))
     itemsize = np.dtype(dtype).itemsize
     return traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize, stat_itemsize=8).bytes
 
 
-def _calls(shape, dtype, block_rows: int | None):
-    """Zero-argument callables for every (implementation, direction) that applies.
-
-    Also returns the rows per block of each tiled implementation.
-    """
-    x, gamma, beta, dy = make_inputs(shape, dtype)
-    D = shape[-1]
-    br = tile_rows(D) if block_rows is None else block_rows
-    _, saved = reference_forward(x, gamma, beta)
-    _, cache = forward(x, gamma, beta)
-    calls = {
-        ("reference", "forward"): lambda: reference_forward(x, gamma, beta),
-        ("reference", "backward"): lambda: reference_backward(dy, saved, gamma),
-        ("plain", "forward"): lambda: forward(x, gamma, beta),
-        ("plain", "backward"): lambda: backward(dy, cache),
-        ("tiled", "forward"): lambda: forward(x, gamma, beta, block_rows=br),
-        ("tiled", "backward"): lambda: backward(dy, cache, block_rows=br),
-    }
-    blocks = {"tiled": br}
-    if np.dtype(dtype).itemsize <= F32.itemsize:
-        br32 = tile_rows(D, work_dtype=F32) if block_rows is None else block_rows
-        calls["tiled_f32", "backward"] = lambda: backward(
-            dy, cache, block_rows=br32, work_dtype=F32
-        )
-        blocks["tiled_f32"] = br32
-    return calls, blocks
-
-
-def _page_faults() -> int | None:
-    """Minor page faults of this process so far (None where not measurable)."""
-    if resource is None:
-        return None
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def time_round_robin(
-    calls: dict[object, Callable[[], object]], repeat: int
-) -> tuple[dict, dict]:
-    """Median time and median page faults of each callable, timed in turn.
-
-    ``calls`` maps keys to zero-argument callables. After one warm-up call of
-    each, every repetition calls each once, in order, so that load from
-    other processes falls on all of them alike. Returns two dicts keyed like
-    ``calls``: median seconds, and median minor page faults (None where they
-    cannot be counted). Page faults count the fresh memory a call maps in:
-    every new array that the allocator takes from the operating system costs
-    one fault per page on first touch.
-    """
-    for fn in calls.values():
-        fn()  # warm-up: page in the outputs, load BLAS
-    times = {key: [] for key in calls}
-    faults = {key: [] for key in calls}
-    for _ in range(repeat):
-        for key, fn in calls.items():
-            f0 = _page_faults()
-            t0 = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t0)
-            if f0 is not None:
-                faults[key].append(_page_faults() - f0)
-    median_times = {key: float(np.median(ts)) for key, ts in times.items()}
-    median_faults = {key: (int(np.median(fs)) if fs else None) for key, fs in faults.items()}
-    return median_times, median_faults
-
-
-def run(
-    shapes: Sequence[Sequence[int]] = DEFAULT_SHAPES,
-    dtypes: Sequence[str] = ("float32", "float64"),
-    repeat: int = 7,
-    block_rows: int | None = None,
-    bandwidth: float | None = None,
-) -> dict:
-    """Measure everything; return a JSON-ready dict.
-
-    Parameters
-    ----------
-    shapes : sequence of shapes
-        Input shapes ``(..., D)``.
-    dtypes : sequence of dtype names
-    repeat : int
-        Timed repetitions per measurement (the median is kept).
-    block_rows : int, optional
-        Rows per block of the tiled implementations (default ``tile_rows(D)``,
-        with ``work_dtype=np.float32`` for ``tiled_f32``).
-    bandwidth : float, optional
-        Copy bandwidth in bytes/s; measured (``repeat`` times) if not given.
-
-    Returns
-    -------
-    dict
-        ``{"machine": {...}, "copy_bandwidth": B/s, "results": [row, ...]}``;
-        each row has ``shape, dtype, direction, impl, block_rows, median_s,
-        floor_bytes, floor_s, x_floor, speedup_vs_reference, page_faults``
-        (the median number of minor page faults per call; None where the
-        ``resource`` module is missing).
-    """
-    repeat = _check_int(repeat, "repeat", 1)
-    for dt in dtypes:
-        if np.dtype(dt) not in SUPPORTED_DTYPES:
-            raise ValueError(f"dtypes must be float16, float32 or float64; got {dt!r}.")
-    if bandwidth is None:
-        bandwidth = copy_bandwidth(repeat=repeat)
-    results = []
-    for shape in shapes:
-        shape = tuple(int(s) for s in shape)
-        for dt in dtypes:
-            calls, blocks = _calls(shape, dt, block_rows)
-            medians, faults = time_round_robin(calls, repeat)
-            for (impl, direction), t in medians.items():
-                fb = floor_bytes(direction, shape, dt)
-                results.append(
-                    {
-                        "shape": list(shape),
-                        "dtype": np.dtype(dt).name,
-                        "direction": direction,
-                        "impl": impl,
-                        "block_rows": blocks.get(impl),
-                        "median_s": t,
-                        "floor_bytes": fb,
-                        "floor_s": fb / bandwidth,
-                        "x_floor": t / (fb / bandwidth),
-                        "speedup_vs_reference": medians[("reference", direction)] / t,
-                        "page_faults": faults[(impl, direction)],
-                    }
-                )
-    return {
-        "machine": {
-            "python": platform.python_version(),
-            "numpy": np.__version__,
-            "processor": platform.processor() or platform.machine(),
-            "cache_bytes": cache_sizes(),
-            "page_bytes": resource.getpagesize() if resource is not None else None,
-        },
-        "copy_bandwidth": bandwidth,
-        "repeat": repeat,
-        "results": results,
-    }
-
-
-def tile_sweep(
-    shape: Sequence[int],
-    dtype,
-    block_rows: Sequence[int],
-    repeat: int = 5,
-    work_dtypes: Sequence = (None,),
-) -> dict:
-    """Median time of the tiled backward for each work dtype and ``block_rows`` (seconds).
-
-    Returns ``{work_dtype: [seconds for each block_rows]}``, every
-    measurement timed in turn with all the others.
-    """
-    x, gamma, beta, dy = make_inputs(shape, dtype)
-    _, cache = forward(x, gamma, beta)
-    calls = {
-        (wd, br): (lambda br=br, wd=wd: backward(dy, cache, block_rows=br, work_dtype=wd))
-        for wd in work_dtypes
-        for br in block_rows
-    }
-    medians, _ = time_round_robin(calls, repeat)
-    return {wd: [medians[wd, br] for br in block_rows] for wd in work_dtypes}
-
+# --- measuring --------------------------------------------------------------------
 
 def cache_sizes() -> dict[str, int]:
     """Data-cache sizes in bytes per core (``{"L1": ..., "L2": ..., "L3": ...}``).
 
     Read from Linux's sysfs; empty where that is not available.
+
+    Examples
+    --------
+    >>> all(v > 0 for v in cache_sizes().values())
+    True
     """
     sizes = {}
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    for idx in sorted(base.glob("index*")):
+    for idx in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
             kind = (idx / "type").read_text().strip()
             level = (idx / "level").read_text().strip()
@@ -335,59 +188,336 @@ def cache_sizes() -> dict[str, int]:
     return sizes
 
 
+def copy_arrays(min_bytes: int = 64 * MIB) -> tuple[np.ndarray, np.ndarray]:
+    """Source and destination of the copy yardstick: each ``max(4 x last-level cache, min_bytes)``.
+
+    Examples
+    --------
+    >>> src, dst = copy_arrays()
+    >>> src.nbytes >= 4 * max(cache_sizes().values(), default=0)
+    True
+    """
+    nbytes = max(4 * max(cache_sizes().values(), default=0), min_bytes)
+    src = np.ones(nbytes // 8, dtype=np.float64)
+    return src, np.empty_like(src)
+
+
+def time_round_robin(
+    calls: dict[object, Callable[[], object]], repeat: int, seed: int = 0
+) -> dict[object, list[float]]:
+    """Seconds of every call of each callable, timed in turn in shuffled order.
+
+    After one warm-up call of each (it also compiles and pages in), every
+    repetition calls each callable once, in an order shuffled by
+    ``numpy.random.default_rng(seed)``, so that load from other processes
+    falls on all of them alike. Returns ``{key: [seconds of repetition 0,
+    1, ...]}``.
+
+    Examples
+    --------
+    >>> t = time_round_robin({"a": lambda: None, "b": lambda: None}, repeat=3)
+    >>> sorted(t), len(t["a"])
+    (['a', 'b'], 3)
+    """
+    rng = np.random.default_rng(seed)
+    keys = list(calls)
+    for fn in calls.values():
+        fn()
+    times: dict[object, list[float]] = {key: [] for key in keys}
+    for _ in range(repeat):
+        for i in rng.permutation(len(keys)):
+            key = keys[i]
+            t0 = time.perf_counter()
+            calls[key]()
+            times[key].append(time.perf_counter() - t0)
+    return times
+
+
+def _calls(shape, dtype, block_rows: int | None, seed: int):
+    """Zero-argument callables for every (implementation, direction); tiled block size."""
+    x, gamma, beta, dy = make_inputs(shape, dtype, seed)
+    D = shape[-1]
+    br = tile_rows(D) if block_rows is None else block_rows
+    _, saved = reference_forward(x, gamma, beta)
+    _, cache = forward(x, gamma, beta)
+    calls = {
+        ("reference", "forward"): lambda: reference_forward(x, gamma, beta),
+        ("reference", "backward"): lambda: reference_backward(dy, saved, gamma),
+        ("tiled", "forward"): lambda: forward(x, gamma, beta, block_rows=br),
+        ("tiled", "backward"): lambda: backward(dy, cache, block_rows=br),
+        ("fused", "forward"): lambda: forward(x, gamma, beta),
+        ("fused", "backward"): lambda: backward(dy, cache),
+    }
+    return calls, br
+
+
+def _stats(samples: Sequence[float]) -> dict:
+    a = np.asarray(samples, dtype=float)
+    return {"min": float(a.min()), "median": float(np.median(a)), "max": float(a.max()),
+            "samples": [float(s) for s in a]}
+
+
+class _Progress:
+    """A progress line on stderr, shown once a run has taken more than two seconds."""
+
+    def __init__(self, total: int, stream=None) -> None:
+        self.total, self.done = total, 0
+        self.stream = sys.stderr if stream is None else stream
+        self.start = time.perf_counter()
+        self.shown = False
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if time.perf_counter() - self.start > 2.0:
+            self.stream.write(f"\r[{self.done}/{self.total}] {label:<40}")
+            self.stream.flush()
+            self.shown = True
+
+    def close(self) -> None:
+        if self.shown:
+            self.stream.write("\n")
+
+
+def machine(threads: int) -> dict:
+    """Where the numbers were measured: CPU, caches, library versions, BLAS threads.
+
+    Examples
+    --------
+    >>> m = machine(1)
+    >>> m["blas_threads"], "numba" in m
+    (1, True)
+    """
+    import numba
+
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    blas = [
+        {k: info.get(k) for k in ("internal_api", "version", "architecture")}
+        for info in threadpool_info() if info.get("user_api") == "blas"
+    ]
+    return {
+        "cpu": model,
+        "cache_bytes": cache_sizes(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "blas": blas,
+        "blas_threads": threads,
+    }
+
+
+def run(
+    shapes: Sequence[Sequence[int]] = DEFAULT_SHAPES,
+    dtypes: Sequence[str] = ("float32",),
+    repeat: int = 7,
+    block_rows: int | None = None,
+    threads: int = 1,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict:
+    """Measure the ladder; return a JSON-ready dict.
+
+    Parameters
+    ----------
+    shapes : sequence of shapes
+        Input shapes ``(..., D)``.
+    dtypes : sequence of dtype names
+    repeat : int
+        Timed repetitions of the round robin.
+    block_rows : int, optional
+        Rows per block of ``tiled`` (default ``tile_rows(D)``).
+    threads : int, default 1
+        BLAS threads while timing (threadpoolctl).
+    seed : int, default 0
+        Seeds the inputs and the shuffled order.
+    progress : bool, default True
+        Show a progress line on stderr once the run takes over two seconds.
+
+    Returns
+    -------
+    dict
+        ``{"machine", "repeat", "seed", "copy_bytes", "results"}``; a result
+        per (shape, dtype, direction, impl) with ``seconds`` (min, median,
+        max, samples), ``floor_bytes``, ``copy_gbs`` (the copy bandwidth of
+        the same repetitions, GB/s), ``gbs`` (floor bytes per median second),
+        ``x_floor`` and ``speedup_vs_reference`` (medians over repetitions of
+        the ratio within a repetition), and ``block_rows`` for ``tiled``.
+
+    Examples
+    --------
+    >>> r = run([(4, 8)], repeat=1, progress=False)
+    >>> sorted({row["impl"] for row in r["results"]})
+    ['fused', 'reference', 'tiled']
+    """
+    repeat = check_int(repeat, "repeat", 1)
+    threads = check_int(threads, "threads", 1)
+    seed = check_int(seed, "seed", 0)
+    for dt in dtypes:
+        if np.dtype(dt) not in SUPPORTED_DTYPES:
+            raise ValueError(f"dtypes must be float16, float32 or float64; got {dt!r}.")
+    src, dst = copy_arrays()
+    results = []
+    bar = _Progress(len(shapes) * len(dtypes)) if progress else None
+    with threadpool_limits(limits=threads, user_api="blas"):
+        for shape in shapes:
+            shape = tuple(int(s) for s in shape)
+            for dt in dtypes:
+                calls, br = _calls(shape, dt, block_rows, seed)
+                calls["copy"] = lambda: np.copyto(dst, src)
+                times = time_round_robin(calls, repeat, seed)
+                bw = 2.0 * src.nbytes / np.asarray(times.pop("copy"))  # B/s per repetition
+                for (impl, direction), ts in times.items():
+                    fb = floor_bytes(direction, shape, dt)
+                    t = np.asarray(ts)
+                    ref = np.asarray(times[("reference", direction)])
+                    results.append({
+                        "shape": list(shape),
+                        "dtype": np.dtype(dt).name,
+                        "direction": direction,
+                        "impl": impl,
+                        "block_rows": br if impl == "tiled" else None,
+                        "seconds": _stats(t),
+                        "floor_bytes": fb,
+                        "copy_gbs": float(np.median(bw)) / 1e9,
+                        "gbs": fb / float(np.median(t)) / 1e9,
+                        "x_floor": float(np.median(t * bw / fb)),
+                        "speedup_vs_reference": float(np.median(ref / t)),
+                    })
+                if bar:
+                    bar.step(f"{shape} {np.dtype(dt).name}")
+    if bar:
+        bar.close()
+    return {"machine": machine(threads), "repeat": repeat, "seed": seed,
+            "copy_bytes": int(2 * src.nbytes), "results": results}
+
+
+def tile_sweep(shape: Sequence[int], dtype, block_rows: Sequence[int], repeat: int = 5,
+               threads: int = 1) -> list[float]:
+    """Median seconds of the tiled backward for each ``block_rows``, timed in turn.
+
+    Examples
+    --------
+    >>> len(tile_sweep((4, 8), np.float32, [1, 4], repeat=1))
+    2
+    """
+    x, gamma, beta, dy = make_inputs(shape, dtype)
+    _, cache = forward(x, gamma, beta)
+    calls = {br: (lambda br=br: backward(dy, cache, block_rows=br)) for br in block_rows}
+    with threadpool_limits(limits=threads, user_api="blas"):
+        times = time_round_robin(calls, repeat)
+    return [float(np.median(times[br])) for br in block_rows]
+
+
+def size_sweep(D: int, rows: Sequence[int], dtype, direction: str = "backward",
+               repeat: int = 3, threads: int = 1) -> dict[str, list[float]]:
+    """GB/s (floor bytes per median second) of each implementation at each row count.
+
+    The problem grows through the caches into main memory, so the curves
+    show where each implementation falls off the cache cliff.
+
+    Examples
+    --------
+    >>> gbs = size_sweep(8, [2, 4], np.float32, repeat=1)
+    >>> sorted(gbs), len(gbs["fused"])
+    (['fused', 'reference', 'tiled'], 2)
+    """
+    out: dict[str, list[float]] = {impl: [] for impl in IMPLEMENTATIONS}
+    with threadpool_limits(limits=threads, user_api="blas"):
+        for n in rows:
+            calls, _ = _calls((int(n), D), dtype, None, 0)
+            calls = {impl: calls[impl, direction] for impl in IMPLEMENTATIONS}
+            # Enough calls per sample that small sizes are not all timer noise.
+            inner = max(1, min(200, int(2e6 // (n * D))))
+            batched = {k: (lambda f=f: [f() for _ in range(inner)]) for k, f in calls.items()}
+            times = time_round_robin(batched, repeat)
+            fb = floor_bytes(direction, (int(n), D), dtype)
+            for impl in IMPLEMENTATIONS:
+                out[impl].append(fb * inner / float(np.median(times[impl])) / 1e9)
+    return out
+
+
+def peak_bytes(fn: Callable[[], object]) -> int:
+    """Peak bytes NumPy allocated while ``fn()`` ran (tracemalloc), its result included.
+
+    Examples
+    --------
+    >>> peak_bytes(lambda: np.ones(1_000_000)) >= 8_000_000
+    True
+    """
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        base = tracemalloc.get_traced_memory()[0]
+        result = fn()
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    del result
+    return int(peak)
+
+
 # --- reporting --------------------------------------------------------------------
 
 def format_table(report: dict) -> str:
-    """The report as a plain-text table (one line per measurement, 80 columns)."""
-    bw = report["copy_bandwidth"]
+    """The report as a plain-text table, one line per measurement."""
+    r0 = report["results"][0] if report["results"] else None
     lines = [
-        f"copy bandwidth {bw / 1e9:.1f} GB/s (read + write, np.copyto); "
-        f"medians of {report['repeat']} runs",
-        "floor: bytes the op must move (inputs read once, outputs written once)",
-        "  divided by the copy bandwidth",
+        f"{report['machine']['cpu']}, {report['machine']['blas_threads']} thread(s); "
+        f"{report['repeat']} shuffled rounds",
+        "floor: bytes the op must move (inputs once, outputs once) / copy bandwidth",
         "",
-        f"{'shape':>14} {'dtype':>7} {'pass':>8} {'impl':>9} {'block':>5} "
-        f"{'ms':>7} {'floor':>6} {'xfloor':>6} {'x ref':>5}",
+        f"{'shape':>16} {'dtype':>7} {'pass':>8} {'impl':>9} {'ms':>8} "
+        f"{'GB/s':>6} {'copy':>6} {'xfloor':>6} {'x ref':>6}",
     ]
     for r in report["results"]:
-        block = "" if r["block_rows"] is None else str(r["block_rows"])
         lines.append(
-            f"{str(tuple(r['shape'])):>14} {r['dtype']:>7} {r['direction']:>8} {r['impl']:>9} "
-            f"{block:>5} {r['median_s'] * 1e3:7.3f} {r['floor_s'] * 1e3:6.3f} "
-            f"{r['x_floor']:6.2f} {r['speedup_vs_reference']:5.2f}"
+            f"{str(tuple(r['shape'])):>16} {r['dtype']:>7} {r['direction']:>8} "
+            f"{r['impl']:>9} {r['seconds']['median'] * 1e3:8.3f} {r['gbs']:6.1f} "
+            f"{r['copy_gbs']:6.1f} {r['x_floor']:6.2f} {r['speedup_vs_reference']:6.2f}"
         )
-    lines.append("")
-    lines.append("ms: median time; floor: bandwidth floor in ms; xfloor = ms / floor;")
-    lines.append("x ref = reference ms / ms (how many times faster than the reference).")
+    lines += [
+        "",
+        "ms: median; GB/s: floor bytes / median time; copy: copy bandwidth (GB/s);",
+        "xfloor, x ref: medians over rounds of time / floor and reference / time.",
+    ]
+    if r0 is None:
+        lines.append("(no measurements)")
     return "\n".join(lines)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="python -m lnorm.bench",
-        description="Time layer norm (reference, plain, tiled, tiled_f32) against the copy-bandwidth floor.",
+        description="Time the layer-norm ladder (reference, tiled, fused) against "
+        "the copy-bandwidth floor.",
     )
     p.add_argument(
         "--shape", type=int, nargs="+", action="append", metavar="N",
         help="an input shape, e.g. --shape 8 512 1024 (repeatable; default: "
         + ", ".join(str(s) for s in DEFAULT_SHAPES) + ")",
     )
-    p.add_argument(
-        "--dtype", nargs="+", choices=("float16", "float32", "float64"),
-        help="dtypes to time (default: float32 float64)",
-    )
-    p.add_argument("--repeat", type=int, help="timed runs per measurement (default 7, quick 3)")
-    p.add_argument("--block-rows", type=int, help="rows per block of the tiled versions (default tile_rows(D))")
-    p.add_argument("--json", action="store_true", help="print the report as JSON instead of a table")
-    p.add_argument(
-        "--quick", action="store_true",
-        help="fewer shapes " + ", ".join(str(s) for s in QUICK_SHAPES) + ", float32, 3 runs",
-    )
+    p.add_argument("--dtype", nargs="+", choices=("float16", "float32", "float64"),
+                   help="dtypes to time (default: float32)")
+    p.add_argument("--repeat", type=int, help="timed rounds (default 7, quick 5)")
+    p.add_argument("--block-rows", type=int, help="rows per block of tiled (default tile_rows(D))")
+    p.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
+    p.add_argument("--seed", type=int, default=0, help="seed of inputs and order (default 0)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="the shape " + ", ".join(str(s) for s in QUICK_SHAPES) + ", 5 rounds")
     args = p.parse_args(argv)
-    if args.repeat is not None and args.repeat < 1:
-        p.error("--repeat must be >= 1")
-    if args.block_rows is not None and args.block_rows < 1:
-        p.error("--block-rows must be >= 1")
+    for name in ("repeat", "block_rows", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            p.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.seed < 0:
+        p.error("--seed must be >= 0")
     for shape in args.shape or ():
         if min(shape) < 1:
             p.error(f"--shape sizes must be >= 1; got {shape}")
@@ -398,9 +528,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Command-line entry point (``python -m lnorm.bench``)."""
     args = _parse(argv)
     shapes = args.shape or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
-    dtypes = args.dtype or (("float32",) if args.quick else ("float32", "float64"))
-    repeat = args.repeat or (3 if args.quick else 7)
-    report = run(shapes, dtypes, repeat=repeat, block_rows=args.block_rows)
+    dtypes = args.dtype or ("float32",)
+    repeat = args.repeat or (5 if args.quick else 7)
+    report = run(shapes, dtypes, repeat=repeat, block_rows=args.block_rows,
+                 threads=args.threads, seed=args.seed)
     print(json.dumps(report, indent=2) if args.json else format_table(report))
     return 0
 

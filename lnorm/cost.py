@@ -1,4 +1,4 @@
-"""A model of the work and the memory traffic of layer normalization.
+r"""A model of the work and the memory traffic of layer normalization.
 
 Layer normalization does a handful of floating-point operations per element
 and moves every element through memory at least twice (read the input, write
@@ -9,8 +9,9 @@ schedules of the same arithmetic:
 ``"numpy"``
     Op by op, as straightforward NumPy runs it: every operator reads its
     operands from memory and writes a new full-size temporary. The program is
-    spelled out step by step in :func:`numpy_program`, so each count can be
-    checked against the code line by line.
+    spelled out step by step in :func:`numpy_program`; its steps are the
+    lines of :func:`lnorm.core.forward_formula` and
+    :func:`lnorm.core.backward_formula`, word for word (a test checks it).
 ``"tiled"``
     The same steps, applied to a block of ``block_rows`` rows at a time, with
     the block's temporaries small enough to stay in cache. Main memory sees
@@ -18,9 +19,33 @@ schedules of the same arithmetic:
     overhead is re-reading the parameter vectors and accumulating the
     ``dgamma``/``dbeta`` partial sums once per block.
 ``"fused"``
-    One kernel: each input read once, each output written once, everything
-    else in registers. This is the floor any implementation must pay, and
-    what the GPU chapter's kernels achieve.
+    One loop (CPU, :mod:`lnorm.fused`) or one kernel (GPU): each input read
+    once, each output written once, the rest in registers and L1.
+
+Two levels
+----------
+Every :class:`Traffic` has the bytes to and from **main memory**
+(``bytes_read``, ``bytes_written``) and the bytes of every load and store the
+program issues, **cache hits included** (``bytes_cached``). Op by op the two
+are equal. Tiled, main memory sees what the fused loop sees, but the caches
+still carry the whole op-by-op program: that is where a tiled NumPy
+schedule spends its time, at the caches' bandwidth instead of main memory's.
+
+Write-allocate
+--------------
+On a CPU, a plain store to a line that is not in cache first reads the line
+(write-allocate), so each full-size output costs a read as well as a write
+(``write_allocate=True``, counted in ``bytes_allocated``). Streaming
+(non-temporal) stores, which :mod:`lnorm.fused` uses for large outputs, and
+GPU stores write without reading; the GPU chapter counts without it.
+
+The floor
+---------
+The fused schedule's bytes divided by a copy bandwidth is the floor that
+:mod:`lnorm.bench` measures against: one core copying with ``np.copyto``
+(which uses streaming stores for large arrays), so neither write-allocate nor
+a second core is in it. Threads can beat it: two cores move more bytes per
+second than one.
 
 Sizes: a full-size tensor has ``rows * D`` elements of ``itemsize`` bytes (a
 temporary of the op-by-op program has ``work_itemsize`` bytes if one is
@@ -37,17 +62,21 @@ What the backward needs saved (``saved``)
 ------------------------------------------
 ``"xhat_rstd"``
     ``xhat`` (full size) and ``rstd`` (per row): what :func:`lnorm.forward`
-    keeps. The backward uses ``xhat`` directly.
+    keeps. The forward writes ``xhat`` as a second full-size output.
 ``"x_mean_rstd"``
     ``x`` with ``mean`` and ``rstd``; the backward recomputes
     ``xhat = (x - mean) * rstd``. When ``x`` is kept alive anyway (the
     residual stream of a transformer holds it), this costs two row vectors
-    instead of a whole extra activation.
+    instead of a whole extra activation, and the forward writes only ``y``.
 ``"y_rstd"``
     ``y`` with ``rstd``; the backward recovers ``xhat = (y - beta) / gamma``.
-    ``y`` is the next layer's input, often saved there anyway. Unsafe where
-    ``gamma`` is zero or tiny: the rounding error of ``y`` is divided by
-    ``|gamma|`` (see :func:`cache_bytes`).
+    ``y`` is the next layer's input, which that layer (a Linear) saves for
+    its own backward anyway. This is Apex's ``memory_efficient=True``
+    (NVIDIA/apex 25.09, ``apex/normalization/fused_layer_norm.py`` saves
+    ``output``; ``csrc/layer_norm_cuda_kernel.cu`` divides by
+    ``clamp_by_magnitude(gamma, eps)``). The clamp keeps ``|gamma|`` at
+    least ``eps``, so where ``|gamma|`` is smaller the recovered ``xhat`` is
+    silently wrong instead of NaN (see :func:`cache_bytes`).
 """
 
 from __future__ import annotations
@@ -57,7 +86,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from .core import _check_int
+from .validate import check_int
 
 __all__ = [
     "DIRECTIONS",
@@ -181,9 +210,11 @@ def numpy_program(
     upcast : bool
         Convert every full-size input to a working dtype first and every
         full-size output back at the end (``a.astype(...)``). With the
-        float64 working dtype this is :func:`lnorm.backward`'s program step
-        for step on float16 or float32 input (float64 input is used as it is); :func:`lnorm.forward` differs in detail (it also clamps the
-        mean to the row's range and forms the variance with ``einsum``).
+        float64 working dtype this is what :func:`lnorm.backward` with
+        ``block_rows=`` runs on each block of float16 or float32 input;
+        :func:`lnorm.forward` with ``block_rows=`` differs in detail (it also
+        clamps the mean to the row's range and forms the variance with
+        ``einsum``).
 
     Returns
     -------
@@ -229,6 +260,16 @@ class Traffic:
         read or written once counts one.
     rows, D : int
         The problem size the counts are for (used by :meth:`per_element`).
+    bytes_allocated : int
+        With ``write_allocate=True``: the lines a plain store to memory that
+        is not in cache reads before it writes them (one extra read of every
+        full-size output). Zero for GPU counts and for streaming stores.
+    bytes_cached : int
+        The second level of the model: bytes of every load and store the
+        program issues, served by the caches or not. For the op-by-op
+        schedule it equals the main-memory traffic (every temporary streams
+        through memory); for the tiled and fused schedules it is far larger
+        than it, and it is what a tiled schedule's time is spent on.
     """
 
     flops: int
@@ -237,11 +278,13 @@ class Traffic:
     passes: int
     rows: int = 0
     D: int = 0
+    bytes_allocated: int = 0
+    bytes_cached: int = 0
 
     @property
     def bytes(self) -> int:
-        """Bytes moved: read plus written."""
-        return self.bytes_read + self.bytes_written
+        """Bytes moved to and from main memory: read, written and write-allocated."""
+        return self.bytes_read + self.bytes_written + self.bytes_allocated
 
     def per_element(self) -> float:
         """Bytes moved per element of the ``(rows, D)`` input."""
@@ -270,6 +313,7 @@ def traffic(
     stat_itemsize: int = 4,
     work_itemsize: int | None = None,
     block_rows: int | None = None,
+    write_allocate: bool = False,
 ) -> Traffic:
     """FLOPs and bytes of the forward or backward under one schedule.
 
@@ -288,12 +332,21 @@ def traffic(
         Bytes per element of the per-row statistics (``lnorm.core`` keeps
         ``rstd`` in float64: 8).
     work_itemsize : int, optional
-        ``"numpy"`` schedule only: compute in a working dtype of this size,
-        converting inputs first and outputs last (``lnorm.backward`` computes
-        in float64: 8). Default: compute in the input dtype. No conversions
-        are counted where it equals ``itemsize``, as NumPy makes none then.
+        Compute in a working dtype of this size. ``"numpy"``: every input is
+        converted first and every output last, in main memory. ``"tiled"``:
+        the same conversions, block by block in cache (they show in
+        ``bytes_cached``). ``"fused"``: the CPU loop cannot read the input
+        dtype (float16 in Numba), so full-size inputs are converted to a
+        copy before the loop and outputs back after it, in main memory.
+        Default: the input dtype. Nothing is counted where it equals
+        ``itemsize``.
     block_rows : int, optional
         ``"tiled"`` schedule only: rows per block (default: all rows, one block).
+    write_allocate : bool, default False
+        Count the CPU's write-allocate: a plain store to a line that is not
+        in cache reads the line first, so every full-size tensor written to
+        main memory is also read once (``bytes_allocated``). GPUs and
+        streaming stores write without reading; leave it False for them.
 
     Returns
     -------
@@ -313,24 +366,22 @@ def traffic(
     direction = _check_choice(direction, "direction", DIRECTIONS)
     schedule = _check_choice(schedule, "schedule", SCHEDULES)
     saved = _check_choice(saved, "saved", SAVED)
-    rows = _check_int(rows, "rows", 0)
-    D = _check_int(D, "D", 1)
-    itemsize = _check_int(itemsize, "itemsize", 1)
-    stat_itemsize = _check_int(stat_itemsize, "stat_itemsize", 1)
+    rows = check_int(rows, "rows", 0)
+    D = check_int(D, "D", 1)
+    itemsize = check_int(itemsize, "itemsize", 1)
+    stat_itemsize = check_int(stat_itemsize, "stat_itemsize", 1)
     if work_itemsize is not None:
-        if schedule != "numpy":
-            raise ValueError("work_itemsize applies to schedule='numpy' only; leave it None.")
-        work_itemsize = _check_int(work_itemsize, "work_itemsize", 1)
+        work_itemsize = check_int(work_itemsize, "work_itemsize", 1)
     if block_rows is not None:
         if schedule != "tiled":
             raise ValueError("block_rows applies to schedule='tiled' only; leave it None.")
-        block_rows = _check_int(block_rows, "block_rows", 1)
+        block_rows = check_int(block_rows, "block_rows", 1)
 
     n = rows * D
     upcast = work_itemsize is not None and work_itemsize != itemsize
-    program = numpy_program(direction, saved, upcast=upcast)
-    flops = sum(st.flops_full * n + st.flops_row * rows for st in program)
     inputs, outputs = _IO[(direction, saved)]
+    program = numpy_program(direction, saved, upcast=upcast and schedule != "fused")
+    flops = sum(st.flops_full * n + st.flops_row * rows for st in program)
 
     def size(name: str) -> int:
         if name in _ROW:
@@ -344,26 +395,65 @@ def traffic(
     def is_full(name: str) -> bool:
         return name not in _ROW and name not in _PARAM
 
-    if schedule == "numpy":
-        reads = [nm for st in program for nm in st.reads]
-        writes = [nm for st in program for nm in st.writes]
-        bytes_read = sum(size(nm) for nm in reads)
-        bytes_written = sum(size(nm) for nm in writes)
-        passes = sum(is_full(nm) for nm in reads + writes)
-        return Traffic(flops, bytes_read, bytes_written, passes, rows, D)
+    # What the program issues, cache hits or not: the op-by-op step list.
+    step_reads = [nm for st in program for nm in st.reads]
+    step_writes = [nm for st in program for nm in st.writes]
+    step_bytes = sum(size(nm) for nm in step_reads + step_writes)
 
-    bytes_read = sum(size(nm) for nm in inputs)
-    bytes_written = sum(size(nm) for nm in outputs)
-    passes = sum(is_full(nm) for nm in inputs + outputs)
-    if schedule == "tiled" and rows > 0:
-        extra_blocks = -(-rows // (block_rows or rows)) - 1
-        # Every further block re-reads the parameter vectors; the backward
-        # also reads and rewrites its dgamma and dbeta partial sums.
-        params_in = [nm for nm in inputs if nm in _PARAM]
-        params_out = [nm for nm in outputs if nm in _PARAM]
-        bytes_read += extra_blocks * D * itemsize * (len(params_in) + len(params_out))
-        bytes_written += extra_blocks * D * itemsize * len(params_out)
-    return Traffic(flops, bytes_read, bytes_written, passes, rows, D)
+    if schedule == "numpy":
+        bytes_read = sum(size(nm) for nm in step_reads)
+        bytes_written = sum(size(nm) for nm in step_writes)
+        passes = sum(is_full(nm) for nm in step_reads + step_writes)
+        full_writes = [nm for nm in step_writes if is_full(nm)]
+        cached = bytes_read + bytes_written
+    else:
+        bytes_read = sum(n * itemsize if is_full(nm) else size(nm) for nm in inputs)
+        bytes_written = sum(n * itemsize if is_full(nm) else size(nm) for nm in outputs)
+        passes = sum(is_full(nm) for nm in inputs + outputs)
+        full_writes = [nm for nm in outputs if is_full(nm)]
+        if schedule == "tiled":
+            cached = step_bytes
+            if rows > 0:
+                extra_blocks = -(-rows // (block_rows or rows)) - 1
+                # Every further block re-reads the parameter vectors; the backward
+                # also reads and rewrites its dgamma and dbeta partial sums.
+                params_in = [nm for nm in inputs if nm in _PARAM]
+                params_out = [nm for nm in outputs if nm in _PARAM]
+                bytes_read += extra_blocks * D * itemsize * (len(params_in) + len(params_out))
+                bytes_written += extra_blocks * D * itemsize * len(params_out)
+        else:
+            loop_itemsize = work_itemsize if upcast else itemsize
+            cached = _fused_loop_bytes(direction, n, loop_itemsize)
+            if upcast:
+                # Converted copies: each full-size input read, written wide, read
+                # by the loop; each output written wide, read, written narrow.
+                full_in = [nm for nm in inputs if is_full(nm)]
+                conversions = len(full_in) + len(full_writes)
+                wide = n * work_itemsize
+                bytes_read += conversions * wide
+                bytes_written += conversions * wide
+                passes += 2 * conversions
+                cached += conversions * (n * itemsize + wide)
+                full_writes = full_writes + full_in + full_writes  # wide copies written too
+    allocated = 0
+    if write_allocate:
+        # One read of every full-size tensor a plain store writes to memory.
+        allocated = sum(size(nm) if schedule == "numpy" else n * itemsize for nm in full_writes)
+    return Traffic(flops, bytes_read, bytes_written, passes, rows, D, allocated, cached)
+
+
+def _fused_loop_bytes(direction: str, n: int, itemsize: int) -> int:
+    """Loads and stores of the fused CPU loops of :mod:`lnorm.fused` (per element).
+
+    forward: ``x`` read three times (sum, squared deviations, normalize),
+    ``y`` and ``xhat`` written, ``gamma`` and ``beta`` read in float64;
+    backward: ``dy`` and ``xhat`` read twice (row sums, then ``dx``), ``dx``
+    written, ``gamma`` read twice in float64, and the float64 ``dgamma`` and
+    ``dbeta`` accumulators read and written once per pair of rows.
+    """
+    if direction == "forward":
+        return n * (5 * itemsize + 2 * 8)
+    return n * (5 * itemsize + 2 * 8 + 2 * 2 * 8 // 2)
 
 
 def cache_bytes(
@@ -406,10 +496,10 @@ def cache_bytes(
     for such models.
     """
     saved = _check_choice(saved, "saved", SAVED)
-    rows = _check_int(rows, "rows", 0)
-    D = _check_int(D, "D", 1)
-    itemsize = _check_int(itemsize, "itemsize", 1)
-    stat_itemsize = _check_int(stat_itemsize, "stat_itemsize", 1)
+    rows = check_int(rows, "rows", 0)
+    D = check_int(D, "D", 1)
+    itemsize = check_int(itemsize, "itemsize", 1)
+    stat_itemsize = check_int(stat_itemsize, "stat_itemsize", 1)
     unknown = set(kept_alive) - {"x", "y"}
     if unknown:
         raise ValueError(f"kept_alive may name 'x' and 'y' only; got {sorted(unknown)}.")

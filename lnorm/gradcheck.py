@@ -52,7 +52,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .core import _check_positive, forward_formula
+from .core import forward_formula
+from .validate import check_positive
 
 __all__ = [
     "StepTooSmallError",
@@ -205,8 +206,8 @@ def _check_setup(method, grads, arrays, h, tol, names, directional: bool):
     names = _names(names, len(arrays))
     which = [k for k, g in enumerate(grads) if g is not None]
     dtype = np.result_type(*[arrays[k].dtype for k in which])
-    h = default_step(method, dtype) if h is None else _check_positive(h, "h", "1e-6")
-    tol = default_tolerance(method, dtype, directional) if tol is None else _check_positive(tol, "tol", "1e-8")
+    h = default_step(method, dtype) if h is None else check_positive(h, "h", "1e-6")
+    tol = default_tolerance(method, dtype, directional) if tol is None else check_positive(tol, "tol", "1e-8")
     return method, arrays, grads, names, which, h, tol
 
 
@@ -350,7 +351,7 @@ def central_difference(f: Loss, arrays: Sequence[np.ndarray], h: float | None = 
         (:class:`StepTooSmallError`).
     """
     arrays = _arrays(arrays)
-    h = default_step("central", np.result_type(*arrays)) if h is None else _check_positive(h, "h", "1e-6")
+    h = default_step("central", np.result_type(*arrays)) if h is None else check_positive(h, "h", "1e-6")
     return _estimate(f, arrays, h, "central", range(len(arrays)))
 
 
@@ -391,7 +392,7 @@ def complex_step(f: Loss, arrays: Sequence[np.ndarray], h: float = COMPLEX_STEP)
         If ``f`` returns a real number (it dropped the imaginary part).
     """
     arrays = _arrays(arrays)
-    return _estimate(f, arrays, _check_positive(h, "h", "1e-6"), "complex", range(len(arrays)))
+    return _estimate(f, arrays, check_positive(h, "h", "1e-6"), "complex", range(len(arrays)))
 
 
 # --- comparing -------------------------------------------------------------------
@@ -528,7 +529,7 @@ def compare_gradients(
     -------
     GradCheckResult
     """
-    tol = _check_positive(tol, "tol", "1e-8")
+    tol = check_positive(tol, "tol", "1e-8")
     if len(grads) != len(estimates):
         raise ValueError(f"grads has {len(grads)} entries but estimates has {len(estimates)}.")
     rows = []
@@ -812,7 +813,7 @@ def step_sweep(
     if hs.ndim != 1 or hs.size == 0:
         raise ValueError(f"hs must be a non-empty 1-d sequence of steps; got shape {hs.shape}.")
     for h in hs:
-        _check_positive(float(h), "every step in hs", "1e-6")
+        check_positive(float(h), "every step in hs", "1e-6")
     every = range(len(arrays))
     if reference is None:
         reference = _estimate(f, [a.astype(np.float64) for a in arrays], COMPLEX_STEP, "complex", every)

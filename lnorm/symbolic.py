@@ -50,16 +50,15 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from .core import (
-    ACC_DTYPE,
-    LayerNormCache,
-    _as_float_array,
-    _as_rows,
-    _check_cache,
-    _check_dy,
-    _check_eps,
-    _check_int,
-    _check_param,
+from .core import ACC_DTYPE, LayerNormCache
+from .validate import (
+    as_float_array,
+    as_rows,
+    check_cache,
+    check_dy,
+    check_eps,
+    check_int,
+    check_param,
 )
 
 __all__ = [
@@ -138,7 +137,7 @@ class ForwardExprs:
 
 
 def _check_D(D) -> int:
-    return _check_int(D, "D", 1, "D is the row length, such as 3.")
+    return check_int(D, "D", 1, "D is the row length, such as 3.")
 
 
 def _column(name: str, D: int, **assumptions) -> sp.Matrix:
@@ -435,13 +434,13 @@ def evaluate_vjp(x, gamma, dy, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarra
     dgamma, dbeta : ndarray, shape (D,), float64
         Summed over the rows, like :func:`lnorm.backward`.
     """
-    x = _as_rows(x, "x")
+    x = as_rows(x, "x")
     D = x.shape[-1]
-    gamma = _check_param(gamma, "gamma", D)
-    dy = _as_float_array(dy, "dy")
+    gamma = check_param(gamma, "gamma", D)
+    dy = as_float_array(dy, "dy")
     if dy.shape != x.shape:
         raise ValueError(f"dy must have the shape of x, {x.shape}; got {dy.shape}.")
-    eps = _check_eps(eps)
+    eps = check_eps(eps)
 
     sym = symbols(D)
     dx_expr, dgamma_expr, dbeta_expr = vjp(D)
@@ -477,7 +476,7 @@ def jacobian_numpy(cache: LayerNormCache) -> np.ndarray:
         ``J[..., i, j] = d y_i / d x_j``. Memory is D^2 numbers per row: this
         is the naive route, for teaching and checking, not for use.
     """
-    cache = _check_cache(cache)
+    cache = check_cache(cache)
     D = cache.shape[-1]
     xhat = cache.xhat.astype(ACC_DTYPE)
     rstd = cache.rstd[..., None, None]
@@ -492,7 +491,7 @@ def backward_via_jacobian(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.nda
     Same arguments and results as :func:`lnorm.backward` (``dx`` in float64),
     at O(D^2) time and memory per row instead of O(D).
     """
-    dy = _check_dy(dy, cache)
+    dy = check_dy(dy, cache)
     dy64 = dy.astype(ACC_DTYPE)
     J = jacobian_numpy(cache)
     dx = np.einsum("...ij,...i->...j", J, dy64)

@@ -46,7 +46,7 @@ from typing import Callable, NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
-from .core import SUPPORTED_DTYPES, _as_dtype, _as_float_array, _as_rows
+from .validate import SUPPORTED_DTYPES, as_dtype, as_float_array, as_rows
 
 __all__ = [
     "RowStats",
@@ -70,11 +70,11 @@ class RowStats(NamedTuple):
 
 def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
     """Validate ``x`` and ``dtype``; return ``x`` as a new array in the accumulation dtype."""
-    x = _as_rows(x, "x")
+    x = as_rows(x, "x")
     if dtype is None:
         acc = x.dtype
     else:
-        acc = _as_dtype(dtype, "dtype", SUPPORTED_DTYPES,
+        acc = as_dtype(dtype, "dtype", SUPPORTED_DTYPES,
                         "float16, float32 or float64 (the accumulation dtype)")
     # A copy even when the dtype already matches: inputs are never modified.
     return x.astype(acc, copy=True)
@@ -256,7 +256,7 @@ def exact_row(row: ArrayLike) -> tuple[Fraction, Fraction]:
     -------
     mean, var : fractions.Fraction
     """
-    row = _as_float_array(row, "row")
+    row = as_float_array(row, "row")
     if row.ndim != 1 or row.shape[0] < 1:
         raise ValueError(f"row must be one-dimensional with D >= 1 values; got shape {row.shape}.")
     _check_finite(row, "row")
@@ -283,7 +283,7 @@ def exact(x: ArrayLike) -> RowStats:
     and elements, so keep it to small inputs (thousands of rows of a few
     hundred values take well under a second).
     """
-    x = _as_rows(x, "x")  # read only (tolist), so no copy
+    x = as_rows(x, "x")  # read only (tolist), so no copy
     _check_finite(x, "x")
     rows = x.reshape(-1, x.shape[-1]).tolist()
     mean = np.empty(len(rows))

@@ -60,3 +60,28 @@ def max_rel_err(a, ref, axis=None):
     a = np.asarray(a, dtype=np.float64)
     ref = np.asarray(ref, dtype=np.float64)
     return float(np.max(np.abs(a - ref).max(axis) / np.abs(ref).max(axis)))
+
+
+def dx_term_sizes(dy, cache):
+    """Per element, the size of the terms dx is summed from, in float64:
+    rstd * (|g| + mean|g| + |xhat| * mean|g * xhat|) with g = gamma * dy."""
+    g = np.abs(dy.astype(np.float64) * cache.gamma)
+    xh = np.abs(cache.xhat.astype(np.float64))
+    return cache.rstd[..., None] * (g + g.mean(-1, keepdims=True)
+                                    + xh * (g * xh).mean(-1, keepdims=True))
+
+
+def assert_within_rounding_of_terms(dy, cache, ref, got, dx_factor, param_factor):
+    """``got`` = (dx, dgamma, dbeta) is within one unit in the last place of ``ref``
+    plus ``dx_factor`` times the size of dx's terms and ``param_factor`` times the
+    sums of |dy * xhat| and |dy| that dgamma and dbeta add up."""
+    dx, dgamma, dbeta = ref
+    ulp = np.spacing(np.abs(dx).astype(dx.dtype)).astype(np.float64)
+    bound = ulp + dx_factor * dx_term_sizes(dy, cache)
+    assert np.all(np.abs(got[0].astype(np.float64) - dx) <= bound)
+    lead = tuple(range(dy.ndim - 1))
+    dy64 = dy.astype(np.float64)
+    for r, g, terms in [(dgamma, got[1], np.abs(dy64 * cache.xhat).sum(lead)),
+                        (dbeta, got[2], np.abs(dy64).sum(lead))]:
+        ulp = np.spacing(np.abs(r)).astype(np.float64)
+        assert np.all(np.abs(g.astype(np.float64) - r) <= ulp + param_factor * terms)

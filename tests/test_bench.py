@@ -14,34 +14,55 @@ SMALL_SHAPE = ["2", "4", "16"]  # 8 rows of D = 16
 
 
 def _quick_json(capsys, *extra):
-    assert bench.main(["--quick", "--json", "--repeat", "1", "--shape", *SMALL_SHAPE, *extra]) == 0
+    assert bench.main(["--quick", "--json", "--repeat", "2", "--shape", *SMALL_SHAPE, *extra]) == 0
     return json.loads(capsys.readouterr().out)
 
 
 def test_quick_json_report_is_well_formed(capsys):
-    report = _quick_json(capsys)
-    assert set(report) == {"machine", "copy_bandwidth", "repeat", "results"}
-    assert report["repeat"] == 1
-    assert 1e8 < report["copy_bandwidth"] < 1e13  # bytes/s: a plausible memory system
+    report = _quick_json(capsys, "--seed", "3")
+    assert set(report) == {"machine", "repeat", "seed", "copy_bytes", "results"}
+    assert report["repeat"] == 2 and report["seed"] == 3
+    machine = report["machine"]
+    assert machine["blas_threads"] == 1 and machine["numba"] and machine["numpy"] == np.__version__
+    assert isinstance(machine["cpu"], str) and machine["cpu"]
+    llc = max(machine["cache_bytes"].values(), default=0)
+    assert report["copy_bytes"] >= 2 * 4 * llc  # source and destination, each >= 4 x LLC
     rows = report["results"]
-    # quick mode: float32 only; 3 implementations x 2 directions for the one shape,
-    # and the float32-work backward
-    assert len(rows) == 7
     assert {(r["impl"], r["direction"]) for r in rows} == {
-        (impl, d) for impl in ("reference", "plain", "tiled") for d in ("forward", "backward")
-    } | {("tiled_f32", "backward")}
+        (impl, d) for impl in bench.IMPLEMENTATIONS for d in ("forward", "backward")
+    }
     for r in rows:
         assert r["shape"] == [2, 4, 16] and r["dtype"] == "float32"
-        assert r["median_s"] > 0 and np.isfinite(r["median_s"])
-        assert r["floor_s"] == pytest.approx(r["floor_bytes"] / report["copy_bandwidth"])
-        assert r["x_floor"] == pytest.approx(r["median_s"] / r["floor_s"])
-        assert (r["block_rows"] is None) == (r["impl"] not in ("tiled", "tiled_f32"))
-        assert r["page_faults"] is None or (isinstance(r["page_faults"], int) and r["page_faults"] >= 0)
-        if r["impl"] == "reference":
-            assert r["speedup_vs_reference"] == 1.0
-    blocks = {r["impl"]: r["block_rows"] for r in rows if r["block_rows"] is not None}
-    assert blocks == {"tiled": lnorm.core.tile_rows(16),
-                      "tiled_f32": lnorm.core.tile_rows(16, work_dtype=np.float32)}
+        s = r["seconds"]
+        assert len(s["samples"]) == 2 and s["min"] <= s["median"] <= s["max"]
+        assert s["min"] == min(s["samples"]) and s["max"] == max(s["samples"])
+        assert 0.1 < r["copy_gbs"] < 1e4  # a plausible memory system
+        assert r["gbs"] == pytest.approx(r["floor_bytes"] / s["median"] / 1e9)
+        assert r["x_floor"] > 0 and r["speedup_vs_reference"] > 0
+        assert (r["block_rows"] is None) == (r["impl"] != "tiled")
+    assert {r["block_rows"] for r in rows if r["impl"] == "tiled"} == {lnorm.core.tile_rows(16)}
+
+
+def test_ratios_are_taken_within_each_round(monkeypatch):
+    # With scripted timings, x_floor and the speed-up are medians of per-round
+    # ratios, not ratios of medians.
+    script = {"copy": [1.0, 2.0, 4.0]}
+    for impl in bench.IMPLEMENTATIONS:
+        for d in ("forward", "backward"):
+            script[(impl, d)] = [1.0, 1.0, 1.0] if impl == "reference" else [0.5, 2.0, 8.0]
+
+    def fake_round_robin(calls, repeat, seed=0):
+        return {key: list(script[key]) for key in calls}
+
+    monkeypatch.setattr(bench, "time_round_robin", fake_round_robin)
+    monkeypatch.setattr(bench, "copy_arrays", lambda: (np.ones(8), np.empty(8)))
+    report = bench.run([(2, 4)], repeat=3, progress=False)
+    for r in report["results"]:
+        bw = 2 * 64 / np.array(script["copy"])  # bytes/s of each round
+        t = np.array(script[(r["impl"], r["direction"])])
+        assert r["x_floor"] == pytest.approx(np.median(t * bw / r["floor_bytes"]))
+        assert r["speedup_vs_reference"] == pytest.approx(np.median(1.0 / t))
+        assert r["copy_gbs"] == pytest.approx(np.median(bw) / 1e9)
 
 
 def test_floor_bytes_are_the_hand_counted_minimum(capsys):
@@ -53,22 +74,34 @@ def test_floor_bytes_are_the_hand_counted_minimum(capsys):
     forward = rows * D * f32 + 2 * D * f32 + 2 * rows * D * f32 + rows * f64
     for r in report["results"]:
         assert r["floor_bytes"] == (backward if r["direction"] == "backward" else forward)
-        if r["impl"].startswith("tiled"):
+        if r["impl"] == "tiled":
             assert r["block_rows"] == 3
 
 
 def test_table_has_one_line_per_measurement(capsys):
-    assert bench.main(["--quick", "--repeat", "1", "--shape", *SMALL_SHAPE, "--dtype", "float64", "float16"]) == 0
+    argv = ["--quick", "--repeat", "1", "--shape", *SMALL_SHAPE, "--dtype", "float64", "float16"]
+    assert bench.main(argv) == 0
     out = capsys.readouterr().out
-    assert "copy bandwidth" in out and "xfloor" in out
+    assert "xfloor" in out and "GB/s" in out
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("(2, 4, 16)")]
-    # 3 implementations x 2 directions per dtype, and float32 work for float16 only
-    assert len(lines) == 2 * 3 * 2 + 1
-    assert sum("float16" in ln for ln in lines) == 7
-    assert ["float16" in ln for ln in lines if "tiled_f32" in ln] == [True]
+    assert len(lines) == 2 * 3 * 2  # 2 dtypes x 3 implementations x 2 directions
+    assert sum("float16" in ln for ln in lines) == 6
 
 
-@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--block-rows", "0"], ["--shape", "4", "0"], ["--dtype", "int8"]])
+def test_progress_line_appears_only_for_long_runs(capsys):
+    fast = bench._Progress(2)
+    fast.step("a")
+    fast.close()
+    assert capsys.readouterr().err == ""
+    slow = bench._Progress(2)
+    slow.start -= 10.0  # as if the run had taken ten seconds
+    slow.step("shape")
+    slow.close()
+    assert capsys.readouterr().err == "\r[1/2] shape" + " " * 35 + "\n"
+
+
+@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--block-rows", "0"], ["--shape", "4", "0"],
+                                  ["--dtype", "int8"], ["--threads", "0"], ["--seed", "-1"]])
 def test_bad_options_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as err:
         bench.main(argv)
@@ -78,9 +111,11 @@ def test_bad_options_exit_with_usage_error(argv, capsys):
 
 def test_run_rejects_bad_arguments():
     with pytest.raises(ValueError, match="repeat"):
-        bench.run([(2, 3)], repeat=0, bandwidth=1e9)
+        bench.run([(2, 3)], repeat=0)
     with pytest.raises(ValueError, match="dtypes"):
-        bench.run([(2, 3)], dtypes=("int32",), bandwidth=1e9)
+        bench.run([(2, 3)], dtypes=("int32",))
+    with pytest.raises(ValueError, match="threads"):
+        bench.run([(2, 3)], threads=0)
 
 
 @pytest.mark.parametrize("shape", [(1, 5), (3, 4, 7), (6, 1)])
@@ -112,11 +147,31 @@ def test_make_inputs_is_seeded():
     assert not np.array_equal(a[0], c[0])
 
 
-def test_tile_sweep_returns_one_time_per_block_and_work_dtype():
-    times = bench.tile_sweep((2, 8, 16), np.float32, [1, 4, 16], repeat=1,
-                             work_dtypes=(None, np.float32))
-    assert list(times) == [None, np.float32]
-    assert all(len(ts) == 3 and all(t > 0 for t in ts) for ts in times.values())
+def test_tile_sweep_returns_one_time_per_block():
+    times = bench.tile_sweep((2, 8, 16), np.float32, [1, 4, 16], repeat=1)
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
+def test_size_sweep_reports_gbs_for_every_rung():
+    gbs = bench.size_sweep(16, [2, 64], np.float32, repeat=1)
+    assert set(gbs) == set(bench.IMPLEMENTATIONS)
+    assert all(len(v) == 2 and all(0 < g < 1e4 for g in v) for v in gbs.values())
+
+
+def test_peak_bytes_sees_the_arrays_a_call_allocates():
+    n = 1_000_000
+    assert 8 * n <= bench.peak_bytes(lambda: np.ones(n)) < 8 * n + 4096
+    # Two live temporaries at once: twice the memory.
+    assert bench.peak_bytes(lambda: (np.ones(n), np.ones(n))) >= 16 * n
+
+
+def test_time_round_robin_shuffles_the_order():
+    order = []
+    calls = {k: (lambda k=k: order.append(k)) for k in "abcdef"}
+    bench.time_round_robin(calls, repeat=4, seed=1)
+    rounds = [order[6 + 6 * i: 12 + 6 * i] for i in range(4)]  # after the warm-up
+    assert all(sorted(r) == list("abcdef") for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1
 
 
 def test_cache_sizes_are_ordered_when_known():

@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 import lnorm
-from lnorm.core import LayerNormCache, backward, forward
-from reference import EPS, chain_rule_backward, chain_rule_forward, make_inputs, max_rel_err
+from lnorm.core import LayerNormCache, backward, forward, tile_rows
+from reference import (
+    EPS,
+    assert_within_rounding_of_terms,
+    chain_rule_backward,
+    chain_rule_forward,
+    make_inputs,
+    max_rel_err,
+)
 
 
 # --- correctness ----------------------------------------------------------------
@@ -264,3 +271,85 @@ def test_array_likes_are_accepted():
     dx, _, _ = backward([[1.0, 0.0, 0.0]], cache)
     assert y.shape == dx.shape == (1, 3)
     np.testing.assert_allclose(y.sum(), 0.0, atol=1e-12)
+
+
+# --- the NumPy schedules (block_rows=): tiles of the formula --------------------
+
+# (shape, block_rows): rows not a multiple of the block, one row, D = 1, zero rows,
+# a block larger than the tensor, blocks of one row, three dimensions.
+AWKWARD = [((7, 5), 3), ((1, 9), 4), ((6, 1), 4), ((0, 4), 2), ((3, 8), 100), ((5, 6), 1),
+           ((2, 3, 10), 4)]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape, block_rows", AWKWARD)
+def test_tiled_backward_equals_the_default_to_rounding(shape, block_rows, dtype):
+    x, gamma, beta, dy = make_inputs(shape, dtype, seed=sum(shape) + block_rows)
+    _, cache = forward(x, gamma, beta)
+    ref = backward(dy, cache)
+    tiled = backward(dy, cache, block_rows=block_rows)
+    for a, b in zip(ref, tiled):
+        assert a.shape == b.shape and a.dtype == b.dtype == np.dtype(dtype)
+    # Both compute in float64 and round once: they may differ by float64 rounding
+    # of the terms (sums associated differently), which can tip the final
+    # rounding by one unit.
+    D, rows = shape[-1], int(np.prod(shape[:-1]))
+    u64 = np.finfo(np.float64).eps
+    assert_within_rounding_of_terms(dy, cache, ref, tiled,
+                                    dx_factor=8 * D * u64, param_factor=4 * (rows + D) * u64)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("shape, block_rows", AWKWARD)
+def test_tiled_forward_is_the_same_for_every_block_size(shape, block_rows, dtype):
+    x, gamma, beta, _ = make_inputs(shape, dtype, seed=len(shape) + block_rows)
+    y1, cache1 = forward(x, gamma, beta, block_rows=1)
+    y, cache = forward(x, gamma, beta, block_rows=block_rows)
+    np.testing.assert_array_equal(y, y1)
+    np.testing.assert_array_equal(cache.xhat, cache1.xhat)
+    np.testing.assert_array_equal(cache.rstd, cache1.rstd)
+    assert y.dtype == np.dtype(dtype) and cache.rstd.dtype == np.float64
+    assert not cache.xhat.flags.writeable and not cache.rstd.flags.writeable
+
+
+def test_tiled_backward_keeps_bad_rows_to_themselves():
+    x, gamma, beta, dy = make_inputs((6, 8), np.float32, seed=11)
+    dy[2, 3] = np.nan
+    _, cache = forward(x, gamma, beta)
+    dx, _, _ = backward(dy, cache)
+    dx_t, _, _ = backward(dy, cache, block_rows=4)
+    assert np.all(np.isnan(dx_t[2]))
+    others = np.arange(6) != 2
+    assert np.all(np.isfinite(dx_t[others]))
+    np.testing.assert_allclose(dx_t[others], dx[others], rtol=1e-6, atol=1e-6)
+
+
+def test_tiled_does_not_modify_inputs():
+    x, gamma, beta, dy = make_inputs((5, 7), np.float32)
+    for a in (x, gamma, beta, dy):
+        a.setflags(write=False)  # any in-place write would now raise
+    _, cache = forward(x, gamma, beta, block_rows=2)
+    backward(dy, cache, block_rows=2)
+
+
+@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-3, ValueError), (2.5, TypeError),
+                                      (True, TypeError)])
+def test_block_rows_is_validated(bad, exc):
+    x, gamma, beta, dy = make_inputs((4, 3), np.float64)
+    _, cache = forward(x, gamma, beta)
+    with pytest.raises(exc, match="block_rows"):
+        backward(dy, cache, block_rows=bad)
+    with pytest.raises(exc, match="block_rows"):
+        forward(x, gamma, beta, block_rows=bad)
+
+
+def test_tile_rows():
+    # Six float64 block arrays of block_rows * D elements in a 4 MiB budget.
+    assert tile_rows(1024) == 4 * 2**20 // (6 * 8 * 1024) == 85
+    assert tile_rows(1024, direction="forward") == 4 * 2**20 // (4 * 8 * 1024) == 128
+    assert tile_rows(1024, budget_bytes=2**20) == 21
+    assert tile_rows(10**7) == 1  # never zero
+    with pytest.raises(ValueError, match="D"):
+        tile_rows(0)
+    with pytest.raises(ValueError, match="direction"):
+        tile_rows(8, direction="up")

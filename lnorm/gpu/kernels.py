@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core import _check_eps
+from ..validate import check_eps
 
 __all__ = [
     "SOURCE_DIR",
@@ -384,7 +384,7 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
     one dtype, float32 or float16; ``eps`` finite and > 0, as for
     :func:`lnorm.forward`.
     """
-    _check_eps(eps)
+    check_eps(eps)
     dtype = _check_dtype(x.dtype, "x")
     if x.ndim < 1:
         raise ValueError("x must have shape (..., D); got a 0-d array.")

@@ -1,0 +1,421 @@
+r"""Layer norm fused on the CPU: one compiled loop per row (Numba).
+
+The NumPy functions of :mod:`lnorm.core` run the formula operator by
+operator, and every operator streams a whole tensor through main memory.
+Here the same arithmetic runs row by row in a loop that Numba compiles: a
+row is read from memory once, its reductions are accumulated in float64
+registers, and its outputs are written once while the row is still in the
+L1 cache. That is the schedule of the GPU kernels of the GPU chapter (one
+pass per row, both reductions in registers), on one CPU core.
+
+Per row of length ``D`` (a bar is the mean over the row):
+
+* forward: ``mean = sum(x) / D``, then ``var = sum((x - mean)**2) / D``
+  over the row again (from cache), ``rstd = 1 / sqrt(var + eps)``, then
+  ``xhat = (x - mean) * rstd`` and ``y = gamma * xhat + beta`` in one sweep;
+* backward: ``sum(g)`` and ``sum(g * xhat)`` with ``g = gamma * dy`` in one
+  sweep, which also adds ``dy * xhat`` and ``dy`` into the block's
+  ``dgamma`` and ``dbeta``; then ``dx = rstd * (g - mean(g) - xhat *
+  mean(g * xhat))`` in a second sweep over the row (from cache).
+
+Same signatures, checks, errors, dtype policy and :class:`LayerNormCache`
+as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
+
+* every statistic and every reduction is accumulated in float64, whatever
+  the input dtype, and outputs are rounded once to the input dtype;
+* ``dgamma`` and ``dbeta`` are summed in float64 per block of
+  :data:`BLOCK_ROWS` rows, then across blocks in a fixed order, so the
+  result does not depend on anything but the inputs;
+* NaN and Inf stay in their row: the only fast-math flag is ``reassoc``
+  (LLVM may split a row's sum over vector lanes), never ``nnan`` or
+  ``ninf``; ``contract`` is left out too, because a fused multiply-add in
+  ``g - mean(g)`` would keep the rounding error of ``g`` and make ``dx`` of
+  a row with ``D = 1`` nonzero;
+* a constant row is exact (``xhat = 0``, ``y = beta``, ``dx = 0``).
+
+float16: Numba has no float16 arrays on the CPU, so float16 inputs are
+converted to float32 before the loop and the outputs back after it: two
+extra passes over memory, which :func:`lnorm.cost.traffic` counts
+(``schedule="fused"``, ``itemsize=2``).
+
+Large outputs are written with non-temporal (streaming) stores: a plain
+store to memory that is not in cache first reads the line it writes
+(write-allocate), so a row written plainly moves twice its bytes; a
+streaming store writes the line without reading it. For outputs that fit
+in the last-level cache plain stores are faster (the next reader finds
+them in cache), so streaming is used from :data:`STREAM_BYTES` of output
+on.
+
+Examples
+--------
+>>> import numpy as np
+>>> from lnorm import fused
+>>> x = np.arange(6.0).reshape(2, 3)
+>>> y, cache = fused.forward(x, np.ones(3), np.zeros(3))
+>>> np.round(y, 4)
+array([[-1.2247,  0.    ,  1.2247],
+       [-1.2247,  0.    ,  1.2247]])
+>>> dx, dgamma, dbeta = fused.backward(np.ones((2, 3)), cache)
+>>> bool(np.all(dx == 0)), dbeta
+(True, array([2., 2., 2.]))
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numba as nb
+import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .core import ACC_DTYPE, LayerNormCache, make_cache
+from .validate import as_rows, check_dy, check_eps, check_param
+
+__all__ = ["forward", "backward", "BLOCK_ROWS", "STREAM_BYTES"]
+
+#: Rows per block of the ``dgamma``/``dbeta`` partial sums (even: rows go in pairs).
+BLOCK_ROWS = 256
+
+#: Fast-math flags of the row loops: reassociation lets LLVM split a row's
+#: sum over vector lanes (a fixed order for a given build). It assumes
+#: nothing about finiteness, so NaN and Inf propagate as in NumPy.
+FASTMATH = {"reassoc"}
+
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+_VECTOR_BYTES = 32  # one AVX register: the unit of a streaming store
+
+
+def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
+    """Size of the largest data cache of CPU 0 (Linux sysfs), else ``default``."""
+    sizes = []
+    for idx in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (idx / "type").read_text().strip() == "Instruction":
+                continue
+            size = (idx / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(size[-1:], 1)
+        if size.rstrip("KMG").isdigit():
+            sizes.append(int(size.rstrip("KMG")) * scale)
+    return max(sizes, default=default)
+
+
+#: Output bytes from which the loops write with streaming stores: four times
+#: the last-level cache, where none of the output can still be in cache when
+#: the next reader comes (smaller outputs are better left in cache).
+STREAM_BYTES = 4 * _last_level_cache_bytes()
+
+
+# --- streaming stores -------------------------------------------------------------
+#
+# Numba has no streaming store, so these two intrinsics emit the LLVM IR for
+# one: a store of a 32-byte vector marked !nontemporal (vmovntps/vmovntpd),
+# and the sfence that orders such stores before the function returns.
+
+@intrinsic
+def _stream_vectors(typingctx, dst, dst_start, src, nvec):
+    """``dst[dst_start:][:nvec*W] = src[:nvec*W]`` with streaming stores.
+
+    ``W = 32 // itemsize`` elements per store; ``dst[dst_start]`` must be
+    32-byte aligned (the caller checks), ``src`` any alignment.
+    """
+    sig = types.void(dst, dst_start, src, nvec)
+
+    def codegen(context, builder, signature, args):
+        dty, _, sty, _ = signature.args
+        d_arr, d_start, s_arr, n = args
+        dptr = cgutils.get_item_pointer(
+            context, builder, dty, context.make_array(dty)(context, builder, d_arr),
+            [d_start], wraparound=False,
+        )
+        sptr = cgutils.get_item_pointer(
+            context, builder, sty, context.make_array(sty)(context, builder, s_arr),
+            [context.get_constant(types.intp, 0)], wraparound=False,
+        )
+        width = _VECTOR_BYTES // (dty.dtype.bitwidth // 8)
+        vty = ir.VectorType(context.get_value_type(dty.dtype), width)
+        dvec = builder.bitcast(dptr, vty.as_pointer())
+        svec = builder.bitcast(sptr, vty.as_pointer())
+        nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
+        with cgutils.for_range(builder, n) as loop:
+            v = builder.load(builder.gep(svec, [loop.index]), align=dty.dtype.bitwidth // 8)
+            st = builder.store(v, builder.gep(dvec, [loop.index]), align=_VECTOR_BYTES)
+            st.set_metadata("nontemporal", nontemporal)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _sfence(typingctx):
+    """Order the streaming stores before everything after them."""
+    sig = types.void()
+
+    def codegen(context, builder, signature, args):
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), []), "llvm.x86.sse.sfence"
+        )
+        builder.call(fn, [])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@nb.njit(cache=True, inline="always")
+def _store_row(dst, buf, address):
+    """Copy the row ``buf`` into ``dst`` (at memory ``address``) with streaming stores.
+
+    Plain stores for the elements before the first 32-byte boundary and
+    after the last whole vector.
+    """
+    D = buf.shape[0]
+    size = buf.itemsize
+    head = min(((_VECTOR_BYTES - address % _VECTOR_BYTES) % _VECTOR_BYTES) // size, D)
+    for j in range(head):
+        dst[j] = buf[j]
+    width = _VECTOR_BYTES // size
+    nvec = (D - head) // width
+    _stream_vectors(dst, head, buf[head:], nvec)
+    for j in range(head + nvec * width, D):
+        dst[j] = buf[j]
+
+
+# --- the row loops ----------------------------------------------------------------
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _normalize_row(x, gamma, beta, eps, y, xhat):
+    """One row: its statistics in float64, then ``xhat`` and ``y``. Returns rstd."""
+    D = x.shape[0]
+    total = 0.0
+    constant = True  # a constant row gets its mean exactly: xhat = 0, y = beta
+    for j in range(D):
+        total += np.float64(x[j])
+        constant &= x[j] == x[0]
+    mean = np.float64(x[0]) if constant else total / D
+    sq = 0.0
+    for j in range(D):
+        d = np.float64(x[j]) - mean
+        sq += d * d
+    rstd = 1.0 / np.sqrt(sq / D + eps)
+    for j in range(D):
+        h = (np.float64(x[j]) - mean) * rstd
+        xhat[j] = h
+        y[j] = h * gamma[j] + beta[j]
+    return rstd
+
+
+@nb.njit(cache=True, fastmath=FASTMATH)
+def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address, xhat_address):
+    rows, D = x.shape
+    y_buf = np.empty(D, dtype=y.dtype)
+    xhat_buf = np.empty(D, dtype=xhat.dtype)
+    row_bytes = D * y.itemsize
+    for r in range(rows):
+        if stream:
+            rstd[r] = _normalize_row(x[r], gamma, beta, eps, y_buf, xhat_buf)
+            _store_row(y[r], y_buf, y_address + r * row_bytes)
+            _store_row(xhat[r], xhat_buf, xhat_address + r * row_bytes)
+        else:
+            rstd[r] = _normalize_row(x[r], gamma, beta, eps, y[r], xhat[r])
+    if stream:
+        _sfence()
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _row_sums(dy, xhat, gamma, dgamma, dbeta):
+    """``sum(g)`` and ``sum(g * xhat)`` of one row; adds its share of dgamma, dbeta."""
+    sum_g = 0.0
+    sum_gxhat = 0.0
+    for j in range(dy.shape[0]):
+        d = np.float64(dy[j])
+        p = d * np.float64(xhat[j])
+        sum_g += d * gamma[j]
+        sum_gxhat += p * gamma[j]
+        dgamma[j] += p
+        dbeta[j] += d
+    return sum_g, sum_gxhat
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _row_pair_sums(dy0, dy1, xhat0, xhat1, gamma, dgamma, dbeta):
+    """:func:`_row_sums` of two rows in one sweep.
+
+    The two rows share one read-modify-write of ``dgamma[j]`` and
+    ``dbeta[j]``: those stores, not the arithmetic, limit the sweep.
+    """
+    sum_g0 = sum_g1 = sum_gxhat0 = sum_gxhat1 = 0.0
+    for j in range(dy0.shape[0]):
+        d0 = np.float64(dy0[j])
+        d1 = np.float64(dy1[j])
+        p0 = d0 * np.float64(xhat0[j])
+        p1 = d1 * np.float64(xhat1[j])
+        sum_g0 += d0 * gamma[j]
+        sum_g1 += d1 * gamma[j]
+        sum_gxhat0 += p0 * gamma[j]
+        sum_gxhat1 += p1 * gamma[j]
+        dgamma[j] += p0 + p1
+        dbeta[j] += d0 + d1
+    return sum_g0, sum_gxhat0, sum_g1, sum_gxhat1
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, dx, dx_buf, stream, address):
+    """``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` of one row, stored."""
+    D = dy.shape[0]
+    mean_g = sum_g / D
+    mean_gxhat = sum_gxhat / D
+    out = dx_buf if stream else dx
+    for j in range(D):
+        g = np.float64(dy[j]) * gamma[j]
+        out[j] = rstd * (g - mean_g - np.float64(xhat[j]) * mean_gxhat)
+    if stream:
+        _store_row(dx, dx_buf, address)
+
+
+@nb.njit(cache=True, fastmath=FASTMATH)
+def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
+    """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b`` of rows.
+
+    Rows go in pairs (a block has an even number of rows, so a pair never
+    straddles two blocks); an odd last row goes alone.
+    """
+    rows, D = dy.shape
+    dx_buf = np.empty(D, dtype=dx.dtype)
+    row_bytes = D * dx.itemsize
+    for r in range(0, rows - 1, 2):
+        b = r // BLOCK_ROWS
+        s_g0, s_gx0, s_g1, s_gx1 = _row_pair_sums(
+            dy[r], dy[r + 1], xhat[r], xhat[r + 1], gamma, dgamma[b], dbeta[b]
+        )
+        _dx_row(dy[r], xhat[r], gamma, rstd[r], s_g0, s_gx0, dx[r], dx_buf,
+                stream, dx_address + r * row_bytes)
+        _dx_row(dy[r + 1], xhat[r + 1], gamma, rstd[r + 1], s_g1, s_gx1, dx[r + 1],
+                dx_buf, stream, dx_address + (r + 1) * row_bytes)
+    if rows % 2:
+        r = rows - 1
+        b = r // BLOCK_ROWS
+        s_g, s_gx = _row_sums(dy[r], xhat[r], gamma, dgamma[b], dbeta[b])
+        _dx_row(dy[r], xhat[r], gamma, rstd[r], s_g, s_gx, dx[r], dx_buf,
+                stream, dx_address + r * row_bytes)
+    if stream:
+        _sfence()
+
+
+# --- the public functions ---------------------------------------------------------
+
+def _rows_for_loop(a: np.ndarray) -> np.ndarray:
+    """``a`` as C-ordered 2-D rows in a dtype Numba can loop over (float16 -> float32)."""
+    dtype = _F32 if a.dtype == _F16 else a.dtype
+    return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=dtype)
+
+
+def _streams(*outputs: np.ndarray) -> bool:
+    return sum(o.nbytes for o in outputs) >= STREAM_BYTES
+
+
+def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCache]:
+    r"""Layer normalization over the last axis, fused: one compiled pass per row.
+
+    ``y = gamma * (x - mean) / sqrt(var + eps) + beta`` per row, as
+    :func:`lnorm.core.forward`, with the same arguments, checks, results
+    (to float64 rounding) and cache.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        float16, float32 or float64. Not modified.
+    gamma, beta : array_like, shape (D,)
+    eps : float, default 1e-5
+        Finite and > 0.
+
+    Returns
+    -------
+    y : ndarray, shape and dtype of ``x``
+    cache : LayerNormCache
+        ``xhat`` (dtype of ``x``), ``rstd`` (float64) and a copy of ``gamma``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> y, cache = forward(np.array([[1.0, 3.0]]), np.ones(2), np.zeros(2), eps=1e-12)
+    >>> y
+    array([[-1.,  1.]])
+    """
+    x = as_rows(x, "x")
+    D = x.shape[-1]
+    gamma = check_param(gamma, "gamma", D)
+    beta = check_param(beta, "beta", D)
+    eps = check_eps(eps)
+
+    x2 = _rows_for_loop(x)
+    y = np.empty(x2.shape, dtype=x2.dtype)
+    xhat = np.empty(x2.shape, dtype=x2.dtype)
+    rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
+    if x2.shape[0]:
+        _forward_rows(
+            x2, gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE), eps, y, xhat, rstd,
+            _streams(y, xhat), y.ctypes.data, xhat.ctypes.data,
+        )
+    y = y.reshape(x.shape).astype(x.dtype, copy=False)
+    xhat = xhat.reshape(x.shape).astype(x.dtype, copy=False)
+    return y, make_cache(xhat, rstd.reshape(x.shape[:-1]), gamma)
+
+
+def backward(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""Gradients of layer normalization, fused: one compiled pass per row.
+
+    With ``g = gamma * dy`` and a bar for the mean over the row, as
+    :func:`lnorm.core.backward`::
+
+        dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+        dgamma = sum over rows of dy * xhat,   dbeta = sum over rows of dy
+
+    Parameters
+    ----------
+    dy : array_like, shape of ``x``
+        Upstream gradient, floating. Not modified.
+    cache : LayerNormCache
+        From :func:`forward` or :func:`lnorm.core.forward`.
+
+    Returns
+    -------
+    dx : ndarray, shape and dtype of ``x``
+    dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
+        Summed in float64 per block of :data:`BLOCK_ROWS` rows, then over the
+        blocks in order: the same bits on every call.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> y, cache = forward(np.array([[1.0, 2.0, 4.0]]), np.ones(3), np.zeros(3))
+    >>> dx, dgamma, dbeta = backward(np.ones((1, 3)), cache)
+    >>> float(abs(dx).max()) < 1e-15
+    True
+    """
+    dy = check_dy(dy, cache)
+    D = cache.shape[-1]
+    dy2 = _rows_for_loop(dy)
+    xhat2 = _rows_for_loop(cache.xhat)
+    rows = dy2.shape[0]
+    dx = np.empty(dy2.shape, dtype=dy2.dtype)
+    blocks = -(-rows // BLOCK_ROWS)
+    dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
+    dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
+    if rows:
+        _backward_rows(
+            dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx,
+            dgamma, dbeta, _streams(dx), dx.ctypes.data,
+        )
+    # Across blocks in a fixed order: block 0 + block 1 + ... (axis 0).
+    dgamma, dbeta = dgamma.sum(axis=0), dbeta.sum(axis=0)
+    pdt = cache.gamma.dtype
+    return (
+        dx.reshape(cache.shape).astype(cache.dtype, copy=False),
+        dgamma.astype(pdt),
+        dbeta.astype(pdt),
+    )

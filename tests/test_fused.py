@@ -1,0 +1,237 @@
+"""Tests for lnorm.fused: the compiled loops equal the NumPy formula of lnorm.core
+to rounding, on every awkward shape, dtype and memory layout; same checks and
+errors; inputs untouched; dgamma/dbeta deterministic; NaN stays in its row;
+the streaming stores change nothing but speed; float32 stays accurate at large
+row offsets."""
+
+import numpy as np
+import pytest
+
+import lnorm
+from lnorm import fused
+from reference import (
+    assert_within_rounding_of_terms,
+    chain_rule_backward,
+    chain_rule_forward,
+    make_inputs,
+    max_rel_err,
+)
+
+DTYPES = [np.float16, np.float32, np.float64]
+# D = 1, one row, zero rows, odd D, rows across a dgamma block boundary, an odd
+# number of rows (the unpaired last row), a long row, three leading axes.
+SHAPES = [(5, 1), (1, 9), (0, 4), (7, 13), (fused.BLOCK_ROWS + 3, 6), (3, 1027), (2, 1, 3, 8)]
+
+
+def _layouts(a: np.ndarray):
+    """The same values C-ordered, Fortran-ordered and as a strided view."""
+    wide = np.zeros(a.shape[:-1] + (2 * a.shape[-1],), dtype=a.dtype)
+    wide[..., ::2] = a
+    return {"C": a, "F": np.asfortranarray(a), "strided": wide[..., ::2]}
+
+
+def _ulps(a, b, dtype):
+    """Largest difference of a and b in units of the last place of dtype."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    spacing = np.spacing(np.maximum(np.abs(a), np.abs(b)).astype(dtype)).astype(np.float64)
+    tiny = np.finfo(dtype).smallest_subnormal
+    return float(np.max(np.abs(a - b) / np.maximum(spacing, tiny), initial=0.0))
+
+
+@pytest.mark.parametrize("layout", ["C", "F", "strided"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_equals_the_numpy_formula_to_rounding(shape, dtype, layout):
+    x, gamma, beta, dy = make_inputs(shape, dtype, seed=len(shape) + shape[-1])
+    x, dy = _layouts(x)[layout], _layouts(dy)[layout]
+    y, cache = fused.forward(x, gamma, beta)
+    y_np, cache_np = lnorm.forward(x, gamma, beta, block_rows=3)
+    # Both forwards compute in float64 and round once: float16 and float32
+    # results are at most one unit apart; float64 ones differ by the float64
+    # rounding of the sums, at most a few D units of the row's largest value.
+    assert y.dtype == cache.xhat.dtype == np.dtype(dtype) and y.shape == shape
+    for a, b in [(y, y_np), (cache.xhat, cache_np.xhat)]:
+        if dtype == np.float64:
+            bound = 4 * shape[-1] * np.finfo(dtype).eps * np.abs(b).max(-1, keepdims=True)
+            assert np.all(np.abs(a - b) <= bound)
+        else:
+            assert _ulps(a, b, dtype) <= 1
+    np.testing.assert_allclose(cache.rstd, cache_np.rstd, rtol=1e-14)
+
+    ref = lnorm.backward(dy, cache, block_rows=3)
+    got = fused.backward(dy, cache)
+    for a, b in zip(got, ref):
+        assert a.shape == b.shape and a.dtype == b.dtype
+    D, rows = shape[-1], int(np.prod(shape[:-1]))
+    u64 = np.finfo(np.float64).eps
+    assert_within_rounding_of_terms(dy, cache, ref, got,
+                                    dx_factor=8 * D * u64, param_factor=4 * (rows + D) * u64)
+
+
+def test_fused_float64_matches_the_chain_rule():
+    x, gamma, beta, dy = make_inputs((fused.BLOCK_ROWS * 2 + 1, 64), seed=21)
+    y, cache = fused.forward(x, gamma, beta)
+    dx, dgamma, dbeta = fused.backward(dy, cache)
+    y_ref, t = chain_rule_forward(x, gamma, beta)
+    dx_ref, dgamma_ref, dbeta_ref = chain_rule_backward(dy, gamma, t)
+    assert max_rel_err(y, y_ref) < 1e-14
+    assert max_rel_err(dx, dx_ref) < 1e-13
+    assert max_rel_err(dgamma, dgamma_ref) < 1e-13
+    assert max_rel_err(dbeta, dbeta_ref) < 1e-13
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e2, 1e4, 1e6])
+def test_float32_is_accurate_to_1e7_at_large_row_offsets(offset):
+    # dx within 1e-7 (max-norm relative) of float64 on the same float32 inputs,
+    # at row offsets up to 1e6 standard deviations: the statistics and the
+    # centring are float64, so the offset costs nothing.
+    x, gamma, beta, dy = make_inputs((16, 1024), np.float32, seed=5, loc=offset, scale=1.0)
+    y, cache = fused.forward(x, gamma, beta)
+    dx, dgamma, _ = fused.backward(dy, cache)
+    up = [a.astype(np.float64) for a in (x, gamma, beta, dy)]
+    y_ref, t = chain_rule_forward(*up[:3])
+    dx_ref, dgamma_ref, _ = chain_rule_backward(up[3], up[1], t)
+    assert max_rel_err(dx, dx_ref) < 1e-7
+    assert max_rel_err(y, y_ref) < 1e-7
+    assert max_rel_err(dgamma, dgamma_ref) < 1e-7
+
+
+def test_dgamma_and_dbeta_are_the_same_bits_on_every_call():
+    x, gamma, beta, dy = make_inputs((3 * fused.BLOCK_ROWS + 17, 33), np.float32, seed=8)
+    _, cache = fused.forward(x, gamma, beta)
+    first = fused.backward(dy, cache)
+    for _ in range(3):
+        again = fused.backward(dy, cache)
+        for a, b in zip(first, again):
+            assert np.array_equal(a, b)
+
+
+def test_dgamma_is_summed_per_block_then_across_blocks():
+    # The documented order: float64 sums over each block of BLOCK_ROWS rows, then
+    # block 0 + block 1 + ... Rebuilt here with NumPy in float64.
+    rows, D = 2 * fused.BLOCK_ROWS + 5, 16
+    x, gamma, beta, dy = make_inputs((rows, D), np.float64, seed=9)
+    _, cache = fused.forward(x, gamma, beta)
+    _, dgamma, dbeta = fused.backward(dy, cache)
+    p = dy * cache.xhat
+    blocks = range(0, rows, fused.BLOCK_ROWS)
+    dgamma_ref = np.zeros(D)
+    dbeta_ref = np.zeros(D)
+    for b in blocks:
+        dgamma_ref += p[b:b + fused.BLOCK_ROWS].sum(0)
+        dbeta_ref += dy[b:b + fused.BLOCK_ROWS].sum(0)
+    # Within a block the loop pairs rows, so its sums differ from NumPy's by
+    # float64 rounding only.
+    scale = np.abs(p).sum(0)
+    assert np.all(np.abs(dgamma - dgamma_ref) <= 4 * rows * np.finfo(float).eps * scale)
+    assert np.all(np.abs(dbeta - dbeta_ref) <= 4 * rows * np.finfo(float).eps * np.abs(dy).sum(0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("D", [1, 7, 8, 33, 1024])
+def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
+    x, gamma, beta, dy = make_inputs((9, D), dtype, seed=D)
+    plain = fused.forward(x, gamma, beta)
+    plain_b = fused.backward(dy, plain[1])
+    monkeypatch.setattr(fused, "STREAM_BYTES", 0)
+    # Rows starting at every alignment: slice a wider array one element in.
+    wide = np.zeros((9, D + 1), dtype=dtype)
+    wide[:, 1:] = x
+    streamed = fused.forward(wide[:, 1:], gamma, beta)
+    streamed_b = fused.backward(dy, streamed[1])
+    assert np.array_equal(streamed[0], plain[0])
+    assert np.array_equal(streamed[1].xhat, plain[1].xhat)
+    for a, b in zip(streamed_b, plain_b):
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_values_stay_in_their_row(bad):
+    x, gamma, beta, dy = make_inputs((6, 16), np.float32, seed=4)
+    x_bad = x.copy()
+    x_bad[3, 5] = bad
+    dy_bad = dy.copy()
+    dy_bad[1, 2] = bad
+    y, cache = fused.forward(x_bad, gamma, beta)
+    dx, dgamma, dbeta = fused.backward(dy_bad, cache)
+    assert not np.isfinite(y[3]).any() and not np.isfinite(dx[3]).any()
+    assert not np.isfinite(dx[1]).any()
+    good = [0, 2, 4, 5]
+    y_ref, cache_ref = fused.forward(x[good], gamma, beta)
+    assert np.array_equal(y[good], y_ref)
+    assert np.array_equal(dx[good], fused.backward(dy[good], cache_ref)[0])
+    # The column sums see every row, so they are not finite.
+    assert not np.isfinite(dbeta).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_degenerate_rows_are_exact(dtype):
+    D = 9
+    x = np.stack([np.full(D, 0.1), np.full(D, -3.7), np.arange(D, dtype=float)]).astype(dtype)
+    gamma = np.linspace(0.5, 2.0, D).astype(dtype)
+    beta = np.linspace(-1.0, 1.0, D).astype(dtype)
+    y, cache = fused.forward(x, gamma, beta)
+    assert np.array_equal(cache.xhat[:2], np.zeros((2, D), dtype))
+    assert np.array_equal(y[:2], np.broadcast_to(beta, (2, D)))
+    one = fused.forward(x[:, :1], gamma[:1], beta[:1])
+    assert np.array_equal(one[0], np.broadcast_to(beta[:1], (3, 1)))
+    dx, _, _ = fused.backward(np.ones((3, 1), dtype), one[1])
+    assert np.array_equal(dx, np.zeros((3, 1), dtype))
+
+
+def test_inputs_are_not_modified():
+    x, gamma, beta, dy = make_inputs((5, 2, 16), np.float16, seed=6)
+    originals = [a.copy() for a in (x, gamma, beta, dy)]
+    for a in (x, gamma, beta, dy):
+        a.setflags(write=False)
+    _, cache = fused.forward(x, gamma, beta)
+    fused.backward(dy, cache)
+    for a, orig in zip((x, gamma, beta, dy), originals):
+        assert np.array_equal(a, orig)
+    assert not cache.xhat.flags.writeable and not cache.gamma.flags.writeable
+
+
+BAD_FORWARD = [
+    dict(x=np.ones((2, 3), np.int64)),
+    dict(x=np.float32(1.0)),
+    dict(x=np.ones((2, 0))),
+    dict(gamma=np.ones(4)),
+    dict(beta=np.ones((1, 3))),
+    dict(eps=0.0),
+    dict(eps=float("nan")),
+    dict(eps="1e-5"),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_FORWARD)
+def test_bad_forward_input_raises_what_core_raises(bad):
+    args = dict(x=np.ones((2, 3)), gamma=np.ones(3), beta=np.zeros(3), eps=1e-5) | bad
+    with pytest.raises((TypeError, ValueError)) as core_err:
+        lnorm.forward(**args, block_rows=2)
+    with pytest.raises(type(core_err.value)) as fused_err:
+        fused.forward(**args)
+    assert str(fused_err.value) == str(core_err.value)
+
+
+@pytest.mark.parametrize("dy, cache", [
+    (np.ones((2, 4)), "cache"),
+    (np.ones((3, 3)), None),
+    (np.ones((2, 3), np.int32), None),
+])
+def test_bad_backward_input_raises_what_core_raises(dy, cache):
+    if cache is None:
+        cache = lnorm.forward(np.arange(6.0).reshape(2, 3), np.ones(3), np.zeros(3))[1]
+    with pytest.raises((TypeError, ValueError)) as core_err:
+        lnorm.backward(dy, cache, block_rows=2)
+    with pytest.raises(type(core_err.value)) as fused_err:
+        fused.backward(dy, cache)
+    assert str(fused_err.value) == str(core_err.value)
+
+
+def test_the_default_schedule_is_fused():
+    x, gamma, beta, dy = make_inputs((4, 5), np.float32, seed=1)
+    y, cache = lnorm.forward(x, gamma, beta)
+    y_f, cache_f = fused.forward(x, gamma, beta)
+    assert np.array_equal(y, y_f) and np.array_equal(cache.xhat, cache_f.xhat)
+    for a, b in zip(lnorm.backward(dy, cache), fused.backward(dy, cache)):
+        assert np.array_equal(a, b)
