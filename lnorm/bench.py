@@ -57,6 +57,7 @@ __all__ = [
     "make_inputs",
     "floor_bytes",
     "copy_arrays",
+    "copy_bandwidth",
     "time_round_robin",
     "run",
     "tile_sweep",
@@ -188,6 +189,18 @@ def cache_sizes() -> dict[str, int]:
     return sizes
 
 
+def _page_aligned(nbytes: int) -> np.ndarray:
+    """A float64 array of ``nbytes`` starting on a 4 KiB boundary.
+
+    glibc copies large blocks with ``rep movsb``, which some CPUs (AMD Zen)
+    run many times slower when source and destination are misaligned with
+    each other; aligning both makes the copy measure memory, not that.
+    """
+    buf = np.empty(nbytes + 4096, dtype=np.uint8)
+    start = (-buf.ctypes.data) % 4096
+    return buf[start:start + nbytes].view(np.float64)
+
+
 def copy_arrays(min_bytes: int = 64 * MIB) -> tuple[np.ndarray, np.ndarray]:
     """Source and destination of the copy yardstick: each ``max(4 x last-level cache, min_bytes)``.
 
@@ -197,9 +210,30 @@ def copy_arrays(min_bytes: int = 64 * MIB) -> tuple[np.ndarray, np.ndarray]:
     >>> src.nbytes >= 4 * max(cache_sizes().values(), default=0)
     True
     """
-    nbytes = max(4 * max(cache_sizes().values(), default=0), min_bytes)
-    src = np.ones(nbytes // 8, dtype=np.float64)
-    return src, np.empty_like(src)
+    nbytes = max(4 * max(cache_sizes().values(), default=0), min_bytes) // 8 * 8
+    src, dst = _page_aligned(nbytes), _page_aligned(nbytes)
+    src[:] = 1.0
+    return src, dst
+
+
+def copy_bandwidth(nbytes: int, repeat: int = 5) -> float:
+    """Bytes read plus written per second by ``np.copyto`` of ``nbytes`` (median).
+
+    Small sizes are copied many times per sample, so that an array which
+    fits in a cache measures that cache's bandwidth.
+
+    Examples
+    --------
+    >>> copy_bandwidth(2**16, repeat=1) > 1e8
+    True
+    """
+    nbytes = max(8, nbytes // 8 * 8)
+    src, dst = _page_aligned(nbytes), _page_aligned(nbytes)
+    src[:] = 1.0
+    inner = max(1, int(2**26 // src.nbytes))
+    times = time_round_robin({"copy": lambda: [np.copyto(dst, src) for _ in range(inner)]},
+                             repeat)["copy"]
+    return 2.0 * src.nbytes * inner / float(np.median(times))
 
 
 def time_round_robin(

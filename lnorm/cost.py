@@ -77,6 +77,12 @@ What the backward needs saved (``saved``)
     ``clamp_by_magnitude(gamma, eps)``). The clamp keeps ``|gamma|`` at
     least ``eps``, so where ``|gamma|`` is smaller the recovered ``xhat`` is
     silently wrong instead of NaN (see :func:`cache_bytes`).
+``"x"``
+    Nothing but ``x``, which the residual stream keeps alive: the backward
+    recomputes the statistics and ``xhat`` from it (recomputation, or
+    checkpointing, as in Chen et al., 2016). The forward writes only ``y``;
+    the backward pays the forward's statistics again, FLOPs but, fused, no
+    extra bytes beyond reading ``x`` instead of ``xhat``.
 """
 
 from __future__ import annotations
@@ -101,7 +107,7 @@ __all__ = [
 
 DIRECTIONS = ("forward", "backward")
 SCHEDULES = ("numpy", "tiled", "fused")
-SAVED = ("xhat_rstd", "x_mean_rstd", "y_rstd")
+SAVED = ("xhat_rstd", "x_mean_rstd", "y_rstd", "x")
 
 # Every tensor name the programs use, by kind: "full" is (rows, D), "row" is
 # (rows,), "param" is (D,). A name not listed here is a full-size temporary.
@@ -114,9 +120,11 @@ _IO = {
     ("forward", "xhat_rstd"): (("x", "gamma", "beta"), ("y", "xhat", "rstd")),
     ("forward", "x_mean_rstd"): (("x", "gamma", "beta"), ("y", "mean", "rstd")),
     ("forward", "y_rstd"): (("x", "gamma", "beta"), ("y", "rstd")),
+    ("forward", "x"): (("x", "gamma", "beta"), ("y",)),
     ("backward", "xhat_rstd"): (("dy", "xhat", "rstd", "gamma"), ("dx", "dgamma", "dbeta")),
     ("backward", "x_mean_rstd"): (("dy", "x", "mean", "rstd", "gamma"), ("dx", "dgamma", "dbeta")),
     ("backward", "y_rstd"): (("dy", "y", "rstd", "gamma", "beta"), ("dx", "dgamma", "dbeta")),
+    ("backward", "x"): (("dy", "x", "gamma"), ("dx", "dgamma", "dbeta")),
 }
 
 
@@ -186,6 +194,8 @@ _RECOVER = {
         _s("yc = y - beta", "y beta", "yc"),
         _s("xhat = yc / gamma", "yc gamma", "xhat"),
     ),
+    # Recomputation (checkpointing): the statistics again, from x.
+    "x": _FORWARD[:6],
 }
 
 
@@ -203,7 +213,7 @@ def numpy_program(
     Parameters
     ----------
     direction : {"forward", "backward"}
-    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd"}
+    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}
         What the forward saved; the backward first recovers ``xhat`` from it.
         The forward's op-by-op traffic does not depend on it (``xhat`` is a
         temporary of the forward either way; only what is kept alive differs).
@@ -326,7 +336,7 @@ def traffic(
         Number of rows (all leading positions, ``B * T``) and row length.
     itemsize : int
         Bytes per element of the input (4 for float32).
-    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd"}, default "xhat_rstd"
+    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}, default "xhat_rstd"
         What the forward saves for the backward.
     stat_itemsize : int, default 4
         Bytes per element of the per-row statistics (``lnorm.core`` keeps
@@ -469,8 +479,8 @@ def cache_bytes(
 
     Parameters
     ----------
-    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd"}
-        ``xhat`` + ``rstd``; ``x`` + ``mean`` + ``rstd``; ``y`` + ``rstd``.
+    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}
+        ``xhat`` + ``rstd``; ``x`` + ``mean`` + ``rstd``; ``y`` + ``rstd``; ``x`` alone.
     rows, D, itemsize, stat_itemsize : int
         As in :func:`traffic`.
     kept_alive : collection of {"x", "y"}
@@ -503,7 +513,7 @@ def cache_bytes(
     unknown = set(kept_alive) - {"x", "y"}
     if unknown:
         raise ValueError(f"kept_alive may name 'x' and 'y' only; got {sorted(unknown)}.")
-    activation = {"xhat_rstd": "xhat", "x_mean_rstd": "x", "y_rstd": "y"}[saved]
-    n_stats = 2 if saved == "x_mean_rstd" else 1
+    activation = {"xhat_rstd": "xhat", "x_mean_rstd": "x", "y_rstd": "y", "x": "x"}[saved]
+    n_stats = {"xhat_rstd": 1, "x_mean_rstd": 2, "y_rstd": 1, "x": 0}[saved]
     held = 0 if activation in kept_alive else rows * D * itemsize
     return held + n_stats * rows * stat_itemsize

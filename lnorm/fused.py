@@ -26,11 +26,12 @@ as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
 * ``dgamma`` and ``dbeta`` are summed in float64 per block of
   :data:`BLOCK_ROWS` rows, then across blocks in a fixed order, so the
   result does not depend on anything but the inputs;
-* NaN and Inf stay in their row: the only fast-math flag is ``reassoc``
-  (LLVM may split a row's sum over vector lanes), never ``nnan`` or
-  ``ninf``; ``contract`` is left out too, because a fused multiply-add in
-  ``g - mean(g)`` would keep the rounding error of ``g`` and make ``dx`` of
-  a row with ``D = 1`` nonzero;
+* NaN and Inf stay in their row: the fast-math flags are ``reassoc`` (LLVM
+  may split a row's sum over vector lanes) and ``contract`` (fused
+  multiply-adds), never ``nnan`` or ``ninf``; the sweep that writes ``dx``
+  leaves ``contract`` out, because a fused multiply-add in ``g - mean(g)``
+  would keep the rounding error of ``g`` and make ``dx`` of a row with
+  ``D = 1`` nonzero;
 * a constant row is exact (``xhat = 0``, ``y = beta``, ``dx = 0``).
 
 float16: Numba has no float16 arrays on the CPU, so float16 inputs are
@@ -76,13 +77,19 @@ from .validate import as_rows, check_dy, check_eps, check_param
 
 __all__ = ["forward", "backward", "BLOCK_ROWS", "STREAM_BYTES"]
 
-#: Rows per block of the ``dgamma``/``dbeta`` partial sums (even: rows go in pairs).
+#: Rows per block of the ``dgamma``/``dbeta`` partial sums.
 BLOCK_ROWS = 256
 
 #: Fast-math flags of the row loops: reassociation lets LLVM split a row's
-#: sum over vector lanes (a fixed order for a given build). It assumes
-#: nothing about finiteness, so NaN and Inf propagate as in NumPy.
-FASTMATH = {"reassoc"}
+#: sum over vector lanes (a fixed order for a given build); contraction lets
+#: it fuse a multiply and an add. Neither assumes finite values, so NaN and
+#: Inf propagate as in NumPy.
+FASTMATH = {"reassoc", "contract"}
+
+#: The loop that writes dx leaves contraction out: a fused multiply-add in
+#: ``g - mean(g)`` would keep the rounding error of ``g = dy * gamma``, and a
+#: row of length one would get a nonzero ``dx``.
+FASTMATH_DX = {"reassoc"}
 
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
@@ -192,21 +199,32 @@ def _normalize_row(x, gamma, beta, eps, y, xhat):
     """One row: its statistics in float64, then ``xhat`` and ``y``. Returns rstd."""
     D = x.shape[0]
     total = 0.0
-    constant = True  # a constant row gets its mean exactly: xhat = 0, y = beta
     for j in range(D):
         total += np.float64(x[j])
-        constant &= x[j] == x[0]
-    mean = np.float64(x[0]) if constant else total / D
+    mean = total / D
     sq = 0.0
     for j in range(D):
         d = np.float64(x[j]) - mean
         sq += d * d
+    if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x):
+        # The rounded mean of a constant row can miss its value by an ulp;
+        # take the value itself, so that xhat = 0 and y = beta exactly.
+        mean = np.float64(x[0])
+        sq = 0.0
     rstd = 1.0 / np.sqrt(sq / D + eps)
     for j in range(D):
         h = (np.float64(x[j]) - mean) * rstd
         xhat[j] = h
         y[j] = h * gamma[j] + beta[j]
     return rstd
+
+
+@nb.njit(cache=True, inline="always")
+def _is_constant(x):
+    for j in range(1, x.shape[0]):
+        if x[j] != x[0]:
+            return False
+    return True
 
 
 @nb.njit(cache=True, fastmath=FASTMATH)
@@ -228,7 +246,7 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address, xhat_ad
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
 def _row_sums(dy, xhat, gamma, dgamma, dbeta):
-    """``sum(g)`` and ``sum(g * xhat)`` of one row; adds its share of dgamma, dbeta."""
+    """sum(g) and sum(g * xhat) of one row; adds to dgamma and dbeta."""
     sum_g = 0.0
     sum_gxhat = 0.0
     for j in range(dy.shape[0]):
@@ -241,31 +259,10 @@ def _row_sums(dy, xhat, gamma, dgamma, dbeta):
     return sum_g, sum_gxhat
 
 
-@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _row_pair_sums(dy0, dy1, xhat0, xhat1, gamma, dgamma, dbeta):
-    """:func:`_row_sums` of two rows in one sweep.
-
-    The two rows share one read-modify-write of ``dgamma[j]`` and
-    ``dbeta[j]``: those stores, not the arithmetic, limit the sweep.
-    """
-    sum_g0 = sum_g1 = sum_gxhat0 = sum_gxhat1 = 0.0
-    for j in range(dy0.shape[0]):
-        d0 = np.float64(dy0[j])
-        d1 = np.float64(dy1[j])
-        p0 = d0 * np.float64(xhat0[j])
-        p1 = d1 * np.float64(xhat1[j])
-        sum_g0 += d0 * gamma[j]
-        sum_g1 += d1 * gamma[j]
-        sum_gxhat0 += p0 * gamma[j]
-        sum_gxhat1 += p1 * gamma[j]
-        dgamma[j] += p0 + p1
-        dbeta[j] += d0 + d1
-    return sum_g0, sum_gxhat0, sum_g1, sum_gxhat1
-
-
-@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, dx, dx_buf, stream, address):
-    """``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` of one row, stored."""
+@nb.njit(cache=True, fastmath=FASTMATH_DX)
+def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, dx,
+            dx_buf, stream, address):
+    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) of one row."""
     D = dy.shape[0]
     mean_g = sum_g / D
     mean_gxhat = sum_gxhat / D
@@ -279,28 +276,14 @@ def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, dx, dx_buf, stream, address
 
 @nb.njit(cache=True, fastmath=FASTMATH)
 def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
-    """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b`` of rows.
-
-    Rows go in pairs (a block has an even number of rows, so a pair never
-    straddles two blocks); an odd last row goes alone.
-    """
+    """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b`` of rows."""
     rows, D = dy.shape
     dx_buf = np.empty(D, dtype=dx.dtype)
     row_bytes = D * dx.itemsize
-    for r in range(0, rows - 1, 2):
+    for r in range(rows):
         b = r // BLOCK_ROWS
-        s_g0, s_gx0, s_g1, s_gx1 = _row_pair_sums(
-            dy[r], dy[r + 1], xhat[r], xhat[r + 1], gamma, dgamma[b], dbeta[b]
-        )
-        _dx_row(dy[r], xhat[r], gamma, rstd[r], s_g0, s_gx0, dx[r], dx_buf,
-                stream, dx_address + r * row_bytes)
-        _dx_row(dy[r + 1], xhat[r + 1], gamma, rstd[r + 1], s_g1, s_gx1, dx[r + 1],
-                dx_buf, stream, dx_address + (r + 1) * row_bytes)
-    if rows % 2:
-        r = rows - 1
-        b = r // BLOCK_ROWS
-        s_g, s_gx = _row_sums(dy[r], xhat[r], gamma, dgamma[b], dbeta[b])
-        _dx_row(dy[r], xhat[r], gamma, rstd[r], s_g, s_gx, dx[r], dx_buf,
+        sum_g, sum_gxhat = _row_sums(dy[r], xhat[r], gamma, dgamma[b], dbeta[b])
+        _dx_row(dy[r], xhat[r], gamma, rstd[r], sum_g, sum_gxhat, dx[r], dx_buf,
                 stream, dx_address + r * row_bytes)
     if stream:
         _sfence()

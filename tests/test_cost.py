@@ -221,7 +221,7 @@ def test_cache_bytes():
     [
         (dict(direction="sideways"), ValueError, "direction"),
         (dict(schedule="magic"), ValueError, "schedule"),
-        (dict(saved="x"), ValueError, "saved"),
+        (dict(saved="y"), ValueError, "saved"),
         (dict(rows=-1), ValueError, "rows"),
         (dict(D=0), ValueError, "D"),
         (dict(itemsize=2.0), TypeError, "itemsize"),
@@ -251,3 +251,19 @@ def test_numpy_program_is_the_benchmark_reference():
     for direction in cost.DIRECTIONS:
         for step in cost.numpy_program(direction):
             assert step.code in source, step.code
+
+
+def test_recomputation_saves_nothing_but_x_and_pays_flops():
+    kw = dict(rows=2, D=3, itemsize=4, stat_itemsize=8)
+    # Nothing but x, which the residual stream holds anyway.
+    assert cost.cache_bytes("x", kept_alive={"x"}, **kw) == 0
+    assert cost.cache_bytes("x", **kw) == FULL
+    fwd = cost.traffic("forward", "fused", saved="x", **kw)
+    assert fwd.bytes_written == FULL  # y only
+    bwd = cost.traffic("backward", "fused", saved="x", **kw)
+    from_xhat = cost.traffic("backward", "fused", **kw)
+    # Fused, x is read instead of xhat and rstd is not read at all...
+    assert bwd.bytes_read == from_xhat.bytes_read - ROW
+    # ... and the statistics are recomputed: the forward's first five FLOPs per
+    # element (mean, x - mean, square, mean, scale) and five per row.
+    assert bwd.flops - from_xhat.flops == 6 * 5 + 2 * (1 + 1 + 3)

@@ -39,7 +39,6 @@ NOT_YET_CONVERTED = {
     "book/02_derivation",
     "book/03_gradcheck",
     "book/04_stability",
-    "book/05_cost",
     "book/06_gpu",
 }
 

@@ -18,8 +18,8 @@ from reference import (
 )
 
 DTYPES = [np.float16, np.float32, np.float64]
-# D = 1, one row, zero rows, odd D, rows across a dgamma block boundary, an odd
-# number of rows (the unpaired last row), a long row, three leading axes.
+# D = 1, one row, zero rows, odd D, rows across a dgamma block boundary, a long
+# row, three leading axes.
 SHAPES = [(5, 1), (1, 9), (0, 4), (7, 13), (fused.BLOCK_ROWS + 3, 6), (3, 1027), (2, 1, 3, 8)]
 
 
@@ -120,7 +120,7 @@ def test_dgamma_is_summed_per_block_then_across_blocks():
     for b in blocks:
         dgamma_ref += p[b:b + fused.BLOCK_ROWS].sum(0)
         dbeta_ref += dy[b:b + fused.BLOCK_ROWS].sum(0)
-    # Within a block the loop pairs rows, so its sums differ from NumPy's by
+    # The loop and NumPy associate the sums differently: they differ by
     # float64 rounding only.
     scale = np.abs(p).sum(0)
     assert np.all(np.abs(dgamma - dgamma_ref) <= 4 * rows * np.finfo(float).eps * scale)
