@@ -31,11 +31,13 @@ sum of squares is slow and not guaranteed. Instead, each residual is written
 in the variables ``(x, s)`` with ``s = sigma^2(x) + epsilon``, i.e. ``epsilon``
 is replaced by ``s - sigma^2(x)``. For fixed ``x`` this is a one-to-one change
 of variable (``epsilon > 0`` if and only if ``s > sigma^2(x)``), so a residual
-is zero for all ``(x, epsilon)`` exactly when it is zero for all ``(x, s)``.
-In the new variables every square root is a power of the single positive
-symbol ``s``, and ``sympy.expand`` decides whether the residual is zero: a
-sum of monomials in ``x_i``, ``gamma_i`` and powers of ``s`` is zero exactly
-when every coefficient cancels. D = 2..6 takes a few seconds in total.
+is zero for all ``(x, epsilon)`` with ``epsilon > 0`` exactly when it is zero
+for all ``(x, s)`` with ``s > sigma^2(x)``. In the new variables every square
+root is a power of the single positive symbol ``s``, and ``sympy.expand``
+decides whether the residual is zero: a sum of monomials in ``x_i``,
+``gamma_i`` and powers of ``s`` is zero exactly when every coefficient
+cancels, and then it is zero for every ``s > 0``, those above ``sigma^2(x)``
+included. Each proof is for one concrete ``D``; the book runs D = 2..6.
 
 The NumPy half (:func:`jacobian_numpy`, :func:`backward_via_jacobian`)
 builds the dense D x D Jacobian of every row from the closed form: the
@@ -339,7 +341,8 @@ def prove(D: int, name: str) -> bool:
     """True when the identity ``name`` (one of :data:`IDENTITIES`) holds for rows of length ``D``.
 
     One residual of :func:`residuals`, decided by :func:`is_identically_zero`:
-    a proof for all real ``x``, ``gamma``, ``dy`` and all ``epsilon > 0``.
+    for this ``D``, a proof for all real ``x``, ``gamma``, ``dy`` and all
+    ``epsilon > 0`` (not a proof for every ``D``).
     """
     f = forward_exprs(D)
     return is_identically_zero(_residual(f, name), f)

@@ -1,41 +1,53 @@
-"""Row-wise mean and variance: four floating-point algorithms and an exact reference.
+r"""Row-wise mean and variance: five floating-point algorithms and an exact reference.
 
 Every function works over the last axis of ``x`` (a row of length ``D``),
 vectorized across rows, and returns :class:`RowStats` ``(mean, var)`` of shape
-``x.shape[:-1]`` with the biased variance
-
-.. math::
-
-    \\mu = \\frac1D \\sum_j x_j, \\qquad \\sigma^2 = \\frac1D \\sum_j (x_j - \\mu)^2 .
+``x.shape[:-1]`` with the biased variance ``var = sum((x - mean)**2) / D``.
 
 The floating algorithms take the accumulation dtype ``dtype`` (float16,
 float32 or float64; default: the dtype of ``x``). ``x`` is rounded to it once
 and every operation after that runs in it, so the same algorithm can be
 studied in each precision.
 
+Error bounds, relative to the variance, with ``u`` the unit roundoff of the
+accumulation dtype and ``kappa = sqrt(1 + mean**2 / var)`` the condition
+number (:func:`condition_number`). The sums here are NumPy's, pairwise along
+the row, so ``L = log2(D)`` stands where recursive summation would have ``D``
+(Chan, Golub and LeVeque 1983; Higham 2002):
+
 ``naive``
-    :math:`\\sigma^2 = \\overline{x^2} - \\overline{x}^2`: one pass, but the
-    subtraction cancels; relative error about :math:`u\\,\\kappa^2`.
+    ``mean(x**2) - mean(x)**2``: one pass, but the subtraction cancels;
+    about ``L u kappa**2``.
 ``two_pass``
-    The mean, then the mean of squared deviations: relative error about
-    :math:`u + (u\\kappa)^2` (Chan, Golub and LeVeque 1983).
+    The mean, then the mean of squared deviations: about
+    ``L u + (L u kappa)**2``. The mean's error ``delta`` adds ``D delta**2``
+    to the sum of squared deviations.
+``corrected_two_pass``
+    Two-pass with the mean corrected by the mean of the deviations (Chan,
+    Golub and LeVeque's corrected two-pass algorithm): about
+    ``L u + L**3 u**3 kappa**2``; the ``D delta**2`` term is gone.
 ``welford``
-    Welford's streaming update of ``(n, mean, M2)``, one column at a time:
-    relative error at most about :math:`D\\,u\\,\\kappa`, in practice far less.
+    Welford's streaming update of ``(n, mean, M2)``, one column at a time
+    (sequential, so ``D``, not ``L``): at most about ``D u kappa``, in
+    practice far less.
 ``chan``
-    Chan's pairwise merge of partial ``(n, mean, M2)``: the shape of a GPU
-    reduction tree; relative error at most about :math:`\\log_2 D\\,u\\,\\kappa`.
+    Chan's pairwise merge of partial ``(n, mean, M2)``, the shape of a GPU
+    reduction tree: at most about ``L u kappa``.
 ``exact``
     The mean and variance of the given floating values in exact rational
     arithmetic (:class:`fractions.Fraction`), rounded once to float64.
 
-Here :math:`u` is the unit roundoff of the accumulation dtype and
-:math:`\\kappa = \\sqrt{1 + \\mu^2/\\sigma^2}` the condition number of the
-variance (Chan, Golub and LeVeque 1983), :func:`condition_number`.
-
 NumPy's ``sum`` along a contiguous axis is pairwise, and for float16 it adds
 in float32 internally and rounds the total once; elementwise operations
 (``x * x``, ``x - mean``) run in the accumulation dtype.
+
+Examples
+--------
+>>> import numpy as np
+>>> from lnorm import variance
+>>> row = 1e9 + np.array([1.0, -1.0, 2.0, -2.0])
+>>> float(variance.naive(row).var), float(variance.two_pass(row).var)
+(0.0, 2.5)
 """
 
 from __future__ import annotations
@@ -52,6 +64,8 @@ __all__ = [
     "RowStats",
     "naive",
     "two_pass",
+    "corrected_mean",
+    "corrected_two_pass",
     "welford",
     "chan",
     "exact",
@@ -113,26 +127,84 @@ def naive(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
 def two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
     """Two-pass variance: the mean first, then the mean of squared deviations.
 
-    .. math::
-
-        \\hat\\mu = \\mathrm{fl}\\Bigl(\\frac1D\\sum_j x_j\\Bigr), \\qquad
-        \\sigma^2 = \\frac1D \\sum_j (x_j - \\hat\\mu)^2 .
-
-    Parameters and returns as in :func:`naive`.
+    ``mean = fl(sum(x) / D)``, ``var = sum((x - mean)**2) / D``. Parameters
+    and returns as in :func:`naive`.
 
     Notes
     -----
-    The squares are of deviations, so nothing cancels; the only error that
-    grows with the offset is the mean's own rounding
-    :math:`\\delta \\approx u|\\mu|`, which adds :math:`\\delta^2` to the sum:
-    a relative error :math:`(u\\kappa)^2`, invisible until
-    :math:`\\kappa \\approx u^{-1/2}` (Chan, Golub and LeVeque 1983).
+    The squares are of deviations, so nothing large cancels. The computed
+    mean is off by some ``delta`` (of order ``log2(D) u |mean|``), and since
+    the exact deviations sum to zero,
+    ``sum((x - mean - delta)**2) = sum((x - mean)**2) + D delta**2``: the
+    *sum* gains ``D delta**2`` (no single term gains exactly ``delta**2``),
+    a relative error of ``(delta / std)**2``, about ``(log2(D) u kappa)**2``,
+    on top of the ``log2(D) u`` of rounding the squares and their sum. It is
+    invisible until ``kappa`` nears ``u**-1/2`` (Chan, Golub and LeVeque 1983).
+
+    Examples
+    --------
+    >>> float(two_pass(np.array([1.0, 2.0, 3.0, 4.0])).var)
+    1.25
     """
     xa = _prepare(x, dtype)
     D = xa.shape[-1]
     mean = xa.sum(axis=-1, keepdims=True) / D
     dev = xa - mean
     return RowStats(mean[..., 0], (dev * dev).sum(axis=-1) / D)
+
+
+def corrected_mean(x: ArrayLike, dtype: DTypeLike | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The mean of each row as two numbers, ``m_hi + m_lo``, in ``dtype``.
+
+    ``m_hi = fl(sum(x) / D)`` and ``m_lo = fl(sum(x - m_hi) / D)``: the mean
+    of the deviations from ``m_hi`` is minus ``m_hi``'s own error. Where the
+    offset dominates the row (every ``x_j`` within a factor of two of
+    ``m_hi``), ``x_j - m_hi`` is exact by Sterbenz's lemma, so ``m_lo``
+    carries ``m_hi``'s error to a relative accuracy of ``log2(D) u``.
+    Centring as ``(x - m_hi) - m_lo`` then leaves an error of order
+    ``u * std``, not ``u * |mean|``. This is the mean of the fused GPU kernel.
+
+    Returns
+    -------
+    m_hi, m_lo : ndarray, shape ``x.shape[:-1] + (1,)``, in ``dtype``
+
+    Examples
+    --------
+    >>> row = np.float32(1e4) + np.arange(4, dtype=np.float32)
+    >>> m_hi, m_lo = corrected_mean(row)
+    >>> float(m_hi[0] + m_lo[0])
+    10001.5
+    """
+    xa = _prepare(x, dtype)
+    D = xa.shape[-1]
+    m_hi = xa.sum(axis=-1, keepdims=True) / D
+    m_lo = (xa - m_hi).sum(axis=-1, keepdims=True) / D
+    return m_hi, m_lo
+
+
+def corrected_two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
+    """Two-pass variance from the corrected mean ``m_hi + m_lo``.
+
+    ``c = (x - m_hi) - m_lo`` (:func:`corrected_mean`), ``var = sum(c**2) / D``.
+    In exact arithmetic this is the corrected two-pass formula of Chan, Golub
+    and LeVeque (1983), ``(sum(d**2) - sum(d)**2 / D) / D`` with
+    ``d = x - m_hi``: both subtract ``D m_lo**2`` from ``sum(d**2)``. The
+    ``D delta**2`` term of :func:`two_pass` is gone, and what is left is of
+    order ``log2(D) u`` until ``kappa`` nears ``1 / u``. Parameters and
+    returns as in :func:`naive`; ``mean`` is ``m_hi + m_lo`` rounded to
+    ``dtype``.
+
+    Examples
+    --------
+    >>> row = np.float32(3e4) + np.array([1.0, -1.0, 2.0, -2.0], np.float32)
+    >>> float(corrected_two_pass(row).var)
+    2.5
+    """
+    xa = _prepare(x, dtype)
+    D = xa.shape[-1]
+    m_hi, m_lo = corrected_mean(xa)
+    c = (xa - m_hi) - m_lo
+    return RowStats((m_hi + m_lo)[..., 0], (c * c).sum(axis=-1) / D)
 
 
 def welford(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
@@ -325,6 +397,7 @@ def condition_number(stats: RowStats) -> np.ndarray:
 ALGORITHMS: dict[str, Callable[..., RowStats]] = {
     "naive": naive,
     "two-pass": two_pass,
+    "corrected two-pass": corrected_two_pass,
     "Welford": welford,
     "Chan": chan,
 }

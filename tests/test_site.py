@@ -51,7 +51,8 @@ BROWSER_SERVICE_HOSTS = frozenset(
 # The symbols every chapter shares (see the glossary page).
 GLOSSARY_SYMBOLS = ("x", "xhat", "mu", "var", "rstd", "g", "D", "eps", "gamma", "beta", "dy")
 # Labels chapters link to across the book, in chapter order.
-CHAPTER_LABELS = ("ch-forward", "ch-derivation", "ch-gradcheck", "ch-stability", "ch-cost", "ch-gpu")
+CHAPTER_LABELS = ("ch-forward", "ch-derivation", "ch-gradcheck", "ch-stability", "ch-low-precision",
+                  "ch-cost", "ch-gpu")
 DERIVATION_EQUATIONS = ("eq-rstd", "eq-xhat", "eq-dx", "eq-dgamma", "eq-dbeta")
 
 CHROMIUM_FLAGS = (

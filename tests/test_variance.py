@@ -11,6 +11,8 @@ from lnorm import variance
 from lnorm.gradcheck import unit_roundoff
 from lnorm.variance import (
     ALGORITHMS,
+    corrected_mean,
+    corrected_two_pass,
     RowStats,
     chan,
     condition_number,
@@ -291,6 +293,50 @@ def test_exact_rejects_non_finite_values_and_bad_rows():
 
 
 def test_module_exports():
-    assert set(ALGORITHMS.values()) == {naive, two_pass, welford, chan}
+    assert set(ALGORITHMS.values()) == {naive, two_pass, corrected_two_pass, welford, chan}
     for name in variance.__all__:
         assert hasattr(variance, name)
+
+
+# --- the corrected two-pass algorithm and the corrected mean -----------------------
+
+@pytest.mark.parametrize("offset", [1e2, 1e4, 1e6])
+def test_corrected_two_pass_is_flat_in_the_offset_in_float32(offset):
+    # Two-pass loses (log2(D) u kappa)**2 to its mean's rounding; the corrected
+    # algorithm subtracts that term and stays at a few log2(D) u.
+    rng = np.random.default_rng(7)
+    x = (offset + rng.standard_normal((32, 256))).astype(np.float32)
+    ref = exact(x)
+    u, L = 2.0 ** -24, np.log2(256)
+    corrected = corrected_two_pass(x).var.astype(np.float64)
+    err = np.abs(corrected - ref.var) / ref.var
+    assert err.max() < 4 * L * u
+    if offset >= 1e6:  # where (L u kappa)**2 far exceeds L u, two-pass is worse
+        plain = two_pass(x).var.astype(np.float64)
+        assert (np.abs(plain - ref.var) / ref.var).max() > 100 * err.max()
+
+
+def test_corrected_two_pass_equals_chan_golub_leveque_formula():
+    # (sum d^2 - (sum d)^2 / D) / D with d = x - m_hi: the same quantity.
+    rng = np.random.default_rng(8)
+    x = 1e3 + rng.standard_normal((5, 64))
+    m_hi = x.mean(-1, keepdims=True)
+    d = x - m_hi
+    cgl = ((d * d).sum(-1) - d.sum(-1) ** 2 / 64) / 64
+    np.testing.assert_allclose(corrected_two_pass(x).var, cgl, rtol=1e-12)
+
+
+def test_corrected_mean_carries_the_error_of_the_first_mean():
+    rng = np.random.default_rng(9)
+    x = (1e5 + rng.standard_normal((16, 512))).astype(np.float32)
+    ref = exact(x).mean
+    m_hi, m_lo = corrected_mean(x)
+    assert m_hi.shape == m_lo.shape == (16, 1) and m_hi.dtype == np.float32
+    err_hi = np.abs(m_hi[:, 0].astype(np.float64) - ref)
+    err_two = np.abs(m_hi[:, 0].astype(np.float64) + m_lo[:, 0] - ref)
+    # m_hi alone is off by up to ulp-sized amounts of 1e5; the pair by far less.
+    assert err_two.max() < 1e-3 * max(err_hi.max(), 2.0 ** -24 * 1e5)
+    # And centring with the pair is as good as float64 centring, to float32.
+    xhat_pair = (x - m_hi) - m_lo
+    true_dev = x.astype(np.float64) - ref[:, None]
+    assert np.abs(xhat_pair - true_dev).max() < 1e-5
