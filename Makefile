@@ -17,11 +17,11 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root (containers) unless told to.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help book test lab clean unit site-tests
+.PHONY: help book test lab clean unit slow site-tests
 
 help:
 	@echo "make book   install into $(VENV) and build the site ($(HTML))"
-	@echo "make test   install, run the unit tests, build the book, test the built site"
+	@echo "make test   install, run the unit and slow tests, build the book, test the built site"
 	@echo "make lab    open the chapters as notebooks in JupyterLab"
 	@echo "make clean  remove $(VENV), _build and caches"
 
@@ -49,15 +49,20 @@ book: $(STAMP)
 	@echo "Built: $(CURDIR)/$(HTML)"
 
 unit: $(STAMP)
-	$(PY) -m pytest -m "not built_book" -q --durations=15
+	$(PY) -m pytest -m "not built_book and not slow" -q --durations=15
+
+# Sanitizer runs of the CUDA sources on the CPU, and their negative controls.
+slow: $(STAMP)
+	$(PY) -m pytest -m slow -q --durations=10
 
 # The built site: pages in headless Chromium (tests/test_site.py), links, numbering.
 site-tests: $(STAMP)
 	$(PY) -m pytest -m built_book -q --durations=10
 
-# In this order, also under `make -j`: unit tests, then the book, then the site.
+# In this order, also under `make -j`: unit tests, slow tests, the book, the site.
 test: $(STAMP)
 	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory slow
 	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory site-tests
 

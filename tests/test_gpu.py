@@ -4,15 +4,17 @@ The compilation and PTX tests run on any machine (NVRTC needs no GPU). The
 tests that launch kernels skip with the reason lnorm.gpu.available() gives.
 """
 
+import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from lnorm import gpu
-from lnorm.gpu import check, emulate, kernels, ptx
+from lnorm.gpu import check, emulate, kernels, measure, model, ptx
 
 GPU_OK, GPU_REASON = gpu.available()
 needs_gpu = pytest.mark.skipif(not GPU_OK, reason=f"needs a CUDA device: {GPU_REASON}")
@@ -93,11 +95,11 @@ def test_constants_are_read_from_the_source():
     [
         (7, np.float32, 1, False, 32),
         (512, np.float32, 4, False, 32),
-        (512, np.float16, 2, False, 32),
+        (512, np.float16, 8, False, 32),
         (513, np.float16, 1, True, 64),
         (768, np.float32, 4, True, 64),
         (4099, np.float32, 1, True, 288),
-        (8192, np.float16, 2, True, 512),
+        (8192, np.float16, 8, True, 512),
         (8192, np.float32, 4, True, 512),
     ],
 )
@@ -166,13 +168,77 @@ def test_argument_checks_name_the_argument():
     with pytest.raises(TypeError, match="x must be float32 or float16"):
         emulate.forward(x.astype(np.float64), g, g)
     m = np.zeros(4, np.float32)
-    with pytest.raises(TypeError, match="mean must be float32"):
-        emulate.backward(x, x, g, m.astype(np.float64), m)
+    with pytest.raises(TypeError, match="mean_hi must be float32"):
+        emulate.backward(x, x, g, m.astype(np.float64), m, m)
     with pytest.raises(ValueError, match="dy must have the shape of x"):
-        emulate.backward(x[:2], x, g, m, m)
+        emulate.backward(x[:2], x, g, m, m, m)
     for bad in (0.0, -1e-5, float("nan")):  # the checks of lnorm.forward
         with pytest.raises(ValueError, match="eps must be finite and > 0"):
             emulate.forward(x, g, g, eps=bad)
+
+
+def test_eps_must_be_positive_as_a_float32():
+    """1e-46 is > 0 in float64 but 0 in float32: a constant row would give NaN."""
+    x = np.ones((2, 8), np.float32)
+    g = np.ones(8, np.float32)
+    for bad in (1e-46, 1e39):  # 0 and inf in float32
+        with pytest.raises(ValueError, match="as a float32"), np.errstate(over="ignore"):
+            emulate.forward(x, g, g, eps=bad)
+    y, _, _, rstd = emulate.forward(x, g, g, eps=1e-44)  # subnormal, still > 0
+    assert np.isfinite(rstd).all() and (y == 1).all()
+
+
+def test_plan_rejects_rows_past_int32():
+    with pytest.raises(ValueError, match="below 2\\*\\*31"):
+        kernels.plan(2**31, 8, np.float32)
+    assert kernels.plan(2**31 - 1, 8, np.float32).rows == 2**31 - 1
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e2, 1e4, 1e6])
+def test_accuracy_is_flat_in_the_offset(offset):
+    """The target of the corrected mean: D = 1024, standard-normal dy, float32."""
+    err = measure.offset_sweep((emulate.forward, emulate.backward), D=1024, rows=32,
+                               offsets=(offset,))[0]
+    assert err["y"] <= 2e-7 and err["dx"] <= 2e-7, err
+    # The plain float32 mean of the op-by-op version loses digits with the offset.
+    plain = measure.offset_sweep((gpu.run.unfused_forward, gpu.run.unfused_backward), D=1024,
+                                 rows=32, offsets=(offset,))[0]
+    if offset >= 1e4:
+        assert plain["y"] > 100 * err["y"]
+
+
+@pytest.mark.parametrize("D", [1, 2, 7, 64, 513, 1027, 4099, 8192])
+def test_errors_stay_within_the_derived_bound(D):
+    bound = check.error_bounds(D)
+    assert bound["depth"] <= 16 + np.log2(max(D, 32)) and bound["y"] < bound["dx"]
+    for offset in (0.0, 1e3, 1e6):
+        for dy_offset in (0.0, 1e3):
+            err = check.offset_errors(emulate.forward, emulate.backward, D, offset, dy_offset)
+            assert err["y"] <= bound["y"] and err["dx"] <= bound["dx"], (offset, dy_offset, err)
+
+
+def test_measure_dry_run_plans_every_timed_launch(tmp_path):
+    if GPU_OK:
+        pytest.skip("a GPU is present: the dry run is what a machine without one does")
+    out = tmp_path / "m.json"
+    assert measure.main(["--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["gpu"] is False and data["reason"] == GPU_REASON
+    launches = data["launches"]
+    assert {(e["rows"], e["D"], e["dtype"]) for e in launches} == {
+        (r, D, dt) for r, D in measure.SHAPES for dt in measure.DTYPES}
+    for e in launches:
+        if e["D"] > kernels.max_D():
+            assert "D must be between" in e["unsupported"]
+            continue
+        itemsize = np.dtype(e["dtype"]).itemsize
+        n = e["rows"] * e["D"]
+        # forward: read x, write y; backward: read x, dy, write dx (plus small vectors)
+        assert 2 * n * itemsize < e["bytes_forward"] < 2 * n * itemsize * 1.05
+        assert 3 * n * itemsize < e["bytes_backward"] < 3 * n * itemsize * 1.05
+        assert e["row_groups"] * e["rows_per_group"] >= e["rows"]
+        assert e["partials_bytes"] <= n  # at most 1 byte per element
+    assert measure.main(["--launch-only"]) == 2  # nothing to launch without a GPU
 
 
 def test_emulation_does_not_modify_inputs():
@@ -214,7 +280,8 @@ def test_arithmetic_rounds_like_the_emulation(compiled):
         assert r.count("fma") == 0 and r.count("mad.f32") == 0 and r.count("mad.rn.f32") == 0, name
         assert not any(".approx" in op or ".full" in op for op in r.opcodes), name
         if name.startswith("ln_fwd"):
-            assert r.count("sqrt.rn.f32") == 1 and r.count("div.rn.f32") == 2, name
+            # mean_hi, mean_lo and the variance: three divisions by D.
+            assert r.count("sqrt.rn.f32") == 1 and r.count("div.rn.f32") == 3, name
 
 
 def _main_kernels(reports):
@@ -232,29 +299,36 @@ def test_main_kernels_touch_each_element_once(compiled):
         stat = (1, 4)  # one float32 per row
         if direction == "fwd":
             assert r.per_argument("ld") == {"x": row, "gamma": row, "beta": row}, name
-            assert r.per_argument("st") == {"y": row, "mean": stat, "rstd": stat}, name
+            assert r.per_argument("st") == {"y": row, "mean_hi": stat, "mean_lo": stat,
+                                            "rstd": stat}, name
         else:
             assert r.per_argument("ld", in_loop=True) == {
-                "x": row, "dy": row, "gamma": row, "mean": stat, "rstd": stat
+                "x": row, "dy": row, "mean_hi": stat, "mean_lo": stat, "rstd": stat
             }, name
-            assert r.per_argument("ld", in_loop=False) == {}, name
+            # gamma once per strip, into registers
+            assert r.per_argument("ld", in_loop=False) == {"gamma": row}, name
             assert r.per_argument("st", in_loop=True) == {"dx": row}, name
-            partial = (E // vec, E * 4)  # float32 column sums, written after the strip
+            # float32 column sums, written after the strip, at most 16 bytes per store
+            partial = (E // min(vec, 4), E * 4)
             assert r.per_argument("st", in_loop=False) == {"dgamma_part": partial, "dbeta_part": partial}, name
 
 
 def test_reductions_use_shuffles_and_little_shared_memory(compiled):
     _, reports, _ = compiled
     for name, r, direction, mapping, _, _ in _main_kernels(reports):
-        # Two float reductions per row, each 5 butterfly steps per warp level.
+        # Forward: three float row sums (mean_hi, mean_lo, variance); backward:
+        # one float2 (two floats). Each 5 butterfly steps per warp level.
         levels = 2 if mapping == "block" else 1
-        assert r.count("shfl.sync.bfly") == 2 * 5 * levels, name
+        floats = 3 if direction == "fwd" else 2
+        assert r.count("shfl.sync.bfly") == floats * 5 * levels, name
         if mapping == "warp":
             assert r.shared_bytes == 0 and r.count("bar.sync") == 0, name
         else:
             value_bytes = 4 if direction == "fwd" else 8  # float, or float2 for the backward
+            # 33 slots: one per warp, and one for the result
             assert r.shared_bytes == 33 * value_bytes, name
-            assert r.count("bar.sync") > 0, name
+            # two barriers per row sum, not three
+            assert r.count("bar.sync") == 2 * (3 if direction == "fwd" else 1), name
 
 
 def test_parameter_reduction_kernel(compiled):
@@ -364,7 +438,8 @@ def test_emulation_matches_lnorm(rows, D, dtype):
     inp = check.make_inputs(rows, D, dtype, seed=rows + D)
     got = check.forward_backward(emulate.forward, emulate.backward, inp)
     assert got["y"].dtype == got["dx"].dtype == np.dtype(dtype)
-    assert {got[k].dtype for k in ("dgamma", "dbeta", "mean", "rstd")} == {np.dtype(np.float32)}
+    assert {got[k].dtype for k in ("dgamma", "dbeta", "mean_hi", "mean_lo", "rstd")} == {
+        np.dtype(np.float32)}
     err = check.relative_errors(got, check.reference(inp))
     for name, bound in BOUND[dtype].items():
         assert err[name] <= bound, (name, err[name])
@@ -373,12 +448,13 @@ def test_emulation_matches_lnorm(rows, D, dtype):
 def test_emulation_keeps_leading_dimensions_and_zero_rows():
     inp = check.make_inputs(6, 20, np.float32, seed=5)
     x3 = inp["x"].reshape(2, 3, 20)
-    y, mean, rstd = emulate.forward(x3, inp["gamma"], inp["beta"])
-    assert y.shape == (2, 3, 20) and mean.shape == rstd.shape == (2, 3)
-    y2, _, _ = emulate.forward(inp["x"], inp["gamma"], inp["beta"])
+    y, hi, lo, rstd = emulate.forward(x3, inp["gamma"], inp["beta"])
+    assert y.shape == (2, 3, 20) and hi.shape == lo.shape == rstd.shape == (2, 3)
+    y2, _, _, _ = emulate.forward(inp["x"], inp["gamma"], inp["beta"])
     np.testing.assert_array_equal(y.reshape(6, 20), y2)
     empty = np.zeros((0, 20), np.float32)
-    dx, dgamma, dbeta = emulate.backward(empty, empty, inp["gamma"], np.zeros(0, np.float32), np.zeros(0, np.float32))
+    none = np.zeros(0, np.float32)
+    dx, dgamma, dbeta = emulate.backward(empty, empty, inp["gamma"], none, none, none)
     assert dx.shape == (0, 20) and not dgamma.any() and not dbeta.any()
 
 
@@ -423,9 +499,37 @@ def test_misaligned_and_strided_inputs_give_the_same_result(fused):
     flat = cp.zeros(64 * 256 + 1, dtype=cp.float32)
     flat[1:] = cp.asarray(inp["x"]).ravel()
     x_misaligned = flat[1:].reshape(64, 256)  # 4 bytes past a 16-byte boundary
-    y1, _, _ = fused.forward(x_misaligned, inp["gamma"], inp["beta"])
-    y2, _, _ = fused.forward(inp["x"], inp["gamma"], inp["beta"])
+    y1 = fused.forward(x_misaligned, inp["gamma"], inp["beta"])[0]
+    y2 = fused.forward(inp["x"], inp["gamma"], inp["beta"])[0]
     np.testing.assert_array_equal(y1.get(), y2.get())
+
+
+@needs_gpu
+def test_kernels_take_zero_rows(fused):
+    x = np.zeros((0, 64), np.float32)
+    g = np.ones(64, np.float32)
+    y, hi, lo, rstd = fused.forward(x, g, g)
+    assert y.shape == (0, 64) and hi.shape == lo.shape == rstd.shape == (0,)
+    dx, dgamma, dbeta = fused.backward(x, x, g, hi, lo, rstd)
+    assert dx.shape == (0, 64) and not dgamma.get().any() and not dbeta.get().any()
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_strided_and_misaligned_backward_inputs(fused, dtype):
+    import cupy as cp
+
+    inp = check.make_inputs(48, 264, dtype, seed=8)
+    want = check.forward_backward(fused.forward, fused.backward, inp)
+    wide = cp.zeros((48, 2 * 264), dtype=dtype)
+    wide[:, ::2] = cp.asarray(inp["dy"])  # strided: every other column
+    flat = cp.zeros(48 * 264 + 1, dtype=dtype)
+    flat[1:] = cp.asarray(inp["x"]).ravel()  # one element past an aligned start
+    x_off = flat[1:].reshape(48, 264)
+    dx, dgamma, dbeta = fused.backward(wide[:, ::2], x_off, inp["gamma"],
+                                       *(cp.asarray(want[k]) for k in ("mean_hi", "mean_lo", "rstd")))
+    for name, got in (("dx", dx), ("dgamma", dgamma), ("dbeta", dbeta)):
+        np.testing.assert_array_equal(got.get(), want[name], err_msg=name)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=needs_gpu)])
@@ -449,12 +553,13 @@ def test_unfused_version_matches_lnorm(device, dtype):
 def test_unfused_version_keeps_leading_dimensions():
     inp = check.make_inputs(6, 20, "float16", seed=6)
     x3, dy3 = inp["x"].reshape(2, 3, 20), inp["dy"].reshape(2, 3, 20)
-    y, mean, rstd = gpu.run.unfused_forward(x3, inp["gamma"], inp["beta"])
-    assert y.shape == (2, 3, 20) and mean.shape == rstd.shape == (2, 3)
-    dx, dgamma, dbeta = gpu.run.unfused_backward(dy3, x3, inp["gamma"], mean, rstd)
+    y, hi, lo, rstd = gpu.run.unfused_forward(x3, inp["gamma"], inp["beta"])
+    assert y.shape == (2, 3, 20) and hi.shape == lo.shape == rstd.shape == (2, 3)
+    dx, dgamma, dbeta = gpu.run.unfused_backward(dy3, x3, inp["gamma"], hi, lo, rstd)
     assert dx.shape == (2, 3, 20) and dx.dtype == np.float16 and dgamma.shape == (20,)
-    y2, mean2, rstd2 = gpu.run.unfused_forward(inp["x"], inp["gamma"], inp["beta"])
-    dx2, dgamma2, dbeta2 = gpu.run.unfused_backward(inp["dy"], inp["x"], inp["gamma"], mean2, rstd2)
+    y2, hi2, lo2, rstd2 = gpu.run.unfused_forward(inp["x"], inp["gamma"], inp["beta"])
+    dx2, dgamma2, dbeta2 = gpu.run.unfused_backward(inp["dy"], inp["x"], inp["gamma"], hi2, lo2,
+                                                     rstd2)
     for a, b in ((y, y2), (dx, dx2), (dgamma, dgamma2), (dbeta, dbeta2)):
         np.testing.assert_array_equal(a.reshape(b.shape), b)
 
@@ -526,18 +631,19 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         inp = check.make_inputs(rows, D, dtype, seed=1)
         p = kernels.plan(rows, D, dtype)
         launches.clear()
-        y, mean, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"], eps=1e-3)
+        y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"], eps=1e-3)
         name, grid, block, args = launches[0]
         assert name == p.kernel("forward") and block == (p.block,) and grid == (p.forward_grid,)
         rows_per_block = p.block // p.threads_per_row
         assert grid[0] * rows_per_block >= rows > (grid[0] - 1) * rows_per_block
         named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[0])[name], args))
         np.testing.assert_array_equal(named["x"], inp["x"])
-        assert named["y"] is y and named["mean"] is mean and named["rstd"] is rstd
+        assert named["y"] is y and named["mean_hi"] is hi and named["mean_lo"] is lo
+        assert named["rstd"] is rstd
         assert (named["rows"], named["D"], named["eps"]) == (rows, D, np.float32(1e-3))
 
         launches.clear()
-        dx, dgamma, dbeta = fused.backward(inp["dy"], inp["x"], inp["gamma"], mean, rstd)
+        dx, dgamma, dbeta = fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
         (name, grid, block, args), (rname, rgrid, rblock, rargs) = launches
         assert name == p.kernel("backward") and block == (p.block,) and grid == (p.backward_grid,)
         named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[name], args))
@@ -552,3 +658,67 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert rgrid[0] * 32 >= D > (rgrid[0] - 1) * 32
         assert reduce_named["dgamma_part"] is named["dgamma_part"]
         assert reduce_named["dgamma"] is dgamma and reduce_named["dbeta"] is dbeta
+
+
+# --- the time model ------------------------------------------------------------------
+
+
+def test_occupancy_follows_the_register_file():
+    # 512 threads of 112 registers: 16 warps x 3584 registers = 57344 <= 65536; two would not fit.
+    assert model.occupancy(512, 112) == 1
+    # 64 threads of 40 registers: 1280 per warp, 2560 per block: 25 blocks.
+    assert model.occupancy(64, 40) == 25
+    # Threads, not registers, limit tiny kernels: 2048 / 1024.
+    assert model.occupancy(1024, 16) == 2
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("D", [768, 4096, 8192])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_model_time_is_at_least_bytes_over_bandwidth(direction, D, dtype):
+    p = model.predict(direction, 8192, D, dtype)
+    floor = p.bytes / model.H100.bandwidth
+    assert p.time > floor and 0 < p.share() < 1
+    prefetch = model.predict(direction, 8192, D, dtype, rows_in_flight=2)
+    assert prefetch.time < p.time
+    extra = kernels.plan(8192, D, dtype).partials_bytes if direction == "backward" else 0
+    assert p.bytes_moved == p.bytes + extra
+    # More latency per row, more time.
+    slow = model.Device("slow", 132, 3.0e12, 2e-6, 0.25e-6, 0.05e-6)
+    assert model.predict(direction, 8192, D, dtype, device=slow).time > p.time
+
+
+def test_model_registers_match_ptxas():
+    if ptx.ptxas_path() is None:
+        pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
+    _, usage = ptx.inspect_kernels("sm_90")
+    for short, regs in model.REGISTERS.items():
+        measured = usage[f"ln_{short}_block_f32_v4"].registers
+        assert abs(measured - regs) <= 8, (short, measured, regs)
+
+
+def test_recorded_gpu_measurements_are_complete():
+    """The data file chapter 6 reads: every check passed, every shape timed."""
+    path = sorted((Path(__file__).parents[1] / "book" / "data" / "gpu").glob("*.json"))[-1]
+    data = json.loads(path.read_text())
+    assert data["gpu"] is True and data["device"] and data["date"] in path.name
+    assert all(b["equal"] for b in data["bit_checks"])
+    assert {s["errors"] for s in data["sanitizers"].values()} == {0}
+    large = data["large_rows"]
+    assert large["elements"] > 2**31 and large["y_sampled_rows_equal"]
+    assert large["dx_sampled_rows_equal"] and large["dbeta_relative_error"] < 1e-5
+    for r in data["offset_sweep"]["v4"]:
+        assert r["y"] <= 2e-7 and r["dx"] <= 2e-7
+    timed = {(t["rung"], t["direction"], t["D"], t["dtype"]) for t in data["timings"]}
+    for e in measure.plan_launches():
+        rungs = ["v1"] if "unsupported" in e else ["v1", "v4"]
+        for rung in rungs:
+            for direction in ("forward", "backward"):
+                assert (rung, direction, e["D"], e["dtype"]) in timed
+    assert 1e12 < data["copy"]["bandwidth"] < 1e13
+    ref = data["torch_reference"]
+    # PyTorch's float64 results on the stored inputs agree with lnorm's.
+    inp = {k: np.array(v) for k, v in ref["inputs"].items()}
+    ours = check.reference(inp, eps=ref["eps"])
+    for k in ("y", "dx", "dgamma", "dbeta"):
+        np.testing.assert_allclose(ours[k], np.array(ref["float64"][k]), rtol=1e-12, atol=1e-12)

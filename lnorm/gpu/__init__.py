@@ -3,14 +3,16 @@
 The kernels are the ``*.cu`` files next to this module:
 
 * ``layernorm_forward.cu``: one row per warp (short rows) or per block (long
-  rows), the row read once into registers, mean and variance by two passes
-  over registers and shuffle reductions, ``y`` written once, ``mean`` and
+  rows), the row read once into registers in 16-byte vectors, the corrected
+  mean ``mean_hi + mean_lo`` and the two-pass variance from registers by
+  shuffle reductions, ``y`` written once, ``mean_hi``, ``mean_lo`` and
   ``rstd`` saved;
-* ``layernorm_backward.cu``: ``x``, ``dy``, ``gamma``, ``mean``, ``rstd`` read
-  once per row, ``xhat`` recomputed, both row reductions in one shuffle pass,
-  ``dx`` written once; ``dgamma``/``dbeta`` summed per row group over a strip
-  of rows into a ``(row_groups, D)`` buffer, which a second kernel reduces in a
-  fixed order: deterministic, no atomics.
+* ``layernorm_backward.cu``: ``gamma`` in registers for a strip of rows;
+  ``x``, ``dy`` and the row statistics read once per row, ``xhat``
+  recomputed, both row reductions in one shuffle pass, ``dx`` written once;
+  ``dgamma``/``dbeta`` summed per row group over its strip into a
+  ``(row_groups, D)`` buffer, which a second kernel reduces in a fixed order:
+  deterministic, no atomics.
 
 Storage is float32 or float16; arithmetic is always float32.
 
@@ -20,14 +22,21 @@ What works where:
   :func:`ptx.inspect_ptx`, :func:`ptx.ptxas_usage`, the launch plan
   :func:`kernels.plan`, and the bit-faithful NumPy emulation
   :func:`emulate.forward` / :func:`emulate.backward`;
+* everywhere: the time model :mod:`model` (bytes, and the latency each row
+  exposes) and the dry run of ``python -m lnorm.gpu.measure``;
 * with a CUDA device (:func:`available` says so): :class:`run.FusedLayerNorm`,
-  the op-by-op CuPy versions, timing with CUDA events.
+  the op-by-op CuPy versions, timing with CUDA events, and
+  ``python -m lnorm.gpu.measure``, which checks and times everything in one
+  run and writes JSON (``book/data/gpu`` holds one such file).
 
 Importing this package never imports CuPy.
 """
 
-from . import check, emulate, kernels, ptx, run
+from . import check, emulate, kernels, model, ptx, run
 from .kernels import compile_ptx, plan
 from .run import FusedLayerNorm, available
 
-__all__ = ["available", "FusedLayerNorm", "compile_ptx", "plan", "check", "emulate", "kernels", "ptx", "run"]
+__all__ = [
+    "available", "FusedLayerNorm", "compile_ptx", "plan",
+    "check", "emulate", "kernels", "model", "ptx", "run",
+]

@@ -1,6 +1,7 @@
 """The kernels' arithmetic, operation for operation, in NumPy float32 on the CPU.
 
-The fused kernels add in a fixed order: each thread sums its own elements in
+The fused kernels add in a fixed order (the mean as two halves, ``mean_hi``
+and its correction ``mean_lo``, each a row sum): each thread sums its own elements in
 sequence, a warp combines its 32 lanes by a butterfly (lane ``i`` plus lane
 ``i ^ 16``, then ``^ 8``, ...), a block combines its warps the same way; each
 row group sums ``dy * xhat`` and ``dy`` over its strip of rows, and a second
@@ -73,12 +74,13 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
 
 def forward(
     x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Emulate the fused forward kernel.
 
-    In float32, in the kernel's order: ``mean = sum(x) / D``,
-    ``var = sum((x - mean)**2) / D``, ``rstd = 1 / sqrt(var + eps)``,
-    ``y = (x - mean) * rstd * gamma + beta``, rounded once to the dtype of ``x``.
+    In float32, in the kernel's order: ``mean_hi = sum(x) / D``,
+    ``mean_lo = sum(x - mean_hi) / D``, ``d = (x - mean_hi) - mean_lo``,
+    ``var = sum(d * d) / D``, ``rstd = 1 / sqrt(var + eps)``,
+    ``y = d * rstd * gamma + beta``, rounded once to the dtype of ``x``.
 
     Parameters
     ----------
@@ -89,17 +91,26 @@ def forward(
     Returns
     -------
     y : ndarray, shape and dtype of ``x``
-    mean, rstd : ndarray, float32, shape ``x.shape[:-1]``
+    mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
+
+    Examples
+    --------
+    >>> x = np.float32(1e4) + np.arange(8, dtype=np.float32).reshape(1, 8)
+    >>> y, hi, lo, rstd = forward(x, np.ones(8, np.float32), np.zeros(8, np.float32))
+    >>> float(hi[0]), float(lo[0])
+    (10003.5, 0.0)
     """
     p = check_forward_args(x, gamma, beta, eps)
     x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
     D = F32(p.D)
-    mean = row_sum(x32, p) / D
-    d = x32 - mean[:, None]
+    mean_hi = row_sum(x32, p) / D
+    mean_lo = row_sum(x32 - mean_hi[:, None], p) / D
+    d = (x32 - mean_hi[:, None]) - mean_lo[:, None]
     rstd = F32(1) / np.sqrt(row_sum(d * d, p) / D + F32(eps))
     y = d * rstd[:, None] * np.asarray(gamma, F32) + np.asarray(beta, F32)
     lead = x.shape[:-1]
-    return y.astype(x.dtype).reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
+    return (y.astype(x.dtype).reshape(x.shape), mean_hi.reshape(lead),
+            mean_lo.reshape(lead), rstd.reshape(lead))
 
 
 def strip_sums(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
@@ -151,11 +162,12 @@ def reduce_partials(part: np.ndarray) -> np.ndarray:
 
 
 def backward(
-    dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, mean: np.ndarray, rstd: np.ndarray
+    dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, mean_hi: np.ndarray,
+    mean_lo: np.ndarray, rstd: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Emulate the fused backward kernel and the dgamma/dbeta reduction.
 
-    In float32: ``xhat = (x - mean) * rstd``, ``g = gamma * dy``,
+    In float32: ``xhat = ((x - mean_hi) - mean_lo) * rstd``, ``g = gamma * dy``,
     ``dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd`` with the row means
     summed in the kernel's order; ``dgamma = sum(dy * xhat)`` and
     ``dbeta = sum(dy)`` over rows, by strips (:func:`strip_sums`) and then
@@ -165,19 +177,30 @@ def backward(
     ----------
     dy, x : ndarray, shape (..., D), float32 or float16, one dtype
     gamma : ndarray, shape (D,), the dtype of ``x``
-    mean, rstd : ndarray, float32, shape ``x.shape[:-1]``, as :func:`forward` returns them
+    mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
+        As :func:`forward` returns them.
 
     Returns
     -------
     dx : ndarray, shape and dtype of ``x``
     dgamma, dbeta : ndarray, float32, shape (D,)
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    >>> _, hi, lo, rstd = forward(x, g, b)
+    >>> dx, dgamma, dbeta = backward(np.ones_like(x), x, g, hi, lo, rstd)
+    >>> float(abs(dx).max()), dbeta.tolist()
+    (0.0, [2.0, 2.0, 2.0, 2.0])
     """
-    p = check_backward_args(dy, x, gamma, mean, rstd)
+    p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd)
     x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
     dy32 = np.asarray(dy, dtype=F32).reshape(p.rows, p.D)
-    mu = np.asarray(mean, F32).reshape(p.rows, 1)
+    hi = np.asarray(mean_hi, F32).reshape(p.rows, 1)
+    lo = np.asarray(mean_lo, F32).reshape(p.rows, 1)
     rs = np.asarray(rstd, F32).reshape(p.rows, 1)
-    xhat = (x32 - mu) * rs
+    xhat = ((x32 - hi) - lo) * rs
     g = np.asarray(gamma, F32) * dy32
     D = F32(p.D)
     mean_g = (row_sum(g, p) / D)[:, None]

@@ -56,7 +56,7 @@ MIN_ROWS_PER_GROUP = 16
 MAX_ROW_GROUPS = 4096
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
-_MAX_VEC = {np.dtype(np.float32): 4, np.dtype(np.float16): 2}
+_MAX_VEC = {np.dtype(np.float32): 4, np.dtype(np.float16): 8}
 
 
 def _read(name: str) -> str:
@@ -241,8 +241,8 @@ class LaunchPlan:
     dtype : numpy.dtype
         Storage type of ``x``, ``dy``, ``gamma``, ``beta``, ``y``, ``dx``.
     vec : int
-        Elements per vector load: 4 (float4) or 2 (half2) when ``D`` is a
-        multiple of it, else 1.
+        Elements per 16-byte vector load: 4 (float32) or 8 (float16) when
+        ``D`` is a multiple of it, else 1.
     per_block : bool
         One row per block (long rows) rather than one row per warp.
     threads_per_row : int
@@ -329,6 +329,11 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     rows, D = int(rows), int(D)
     if rows < 0:
         raise ValueError(f"rows must be >= 0; got {rows}.")
+    if rows >= 2**31:
+        raise ValueError(
+            f"rows must be below 2**31 (the kernels take the row count as a 32-bit int); "
+            f"got {rows}. Split the batch into launches of fewer rows."
+        )
     if not 1 <= D <= max_D():
         raise ValueError(
             f"D must be between 1 and {max_D()} for these kernels (the row is held in "
@@ -385,6 +390,12 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
     :func:`lnorm.forward`.
     """
     check_eps(eps)
+    if not np.isfinite(np.float32(eps)) or np.float32(eps) <= 0:
+        raise ValueError(
+            f"eps must be finite and > 0 as a float32, the kernels' arithmetic; "
+            f"got {eps!r}, which is {float(np.float32(eps))!r} in float32. "
+            "A typical value is 1e-5."
+        )
     dtype = _check_dtype(x.dtype, "x")
     if x.ndim < 1:
         raise ValueError("x must have shape (..., D); got a 0-d array.")
@@ -394,19 +405,26 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
     return plan(math.prod(x.shape[:-1]), D, dtype)
 
 
-def check_backward_args(dy, x, gamma, mean, rstd) -> LaunchPlan:
+def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd) -> LaunchPlan:
     """Validate backward arguments and return the plan.
 
     ``dy`` and ``x`` of one shape ``(..., D)`` and dtype; ``gamma`` ``(D,)`` of
-    that dtype; ``mean`` and ``rstd`` float32 of shape ``x.shape[:-1]`` (as the
-    forward returns them).
+    that dtype; ``mean_hi``, ``mean_lo`` and ``rstd`` float32 of shape
+    ``x.shape[:-1]`` (as the forward returns them).
+
+    Examples
+    --------
+    >>> x = np.zeros((3, 8), np.float32)
+    >>> s = np.zeros(3, np.float32)
+    >>> check_backward_args(x, x, np.ones(8, np.float32), s, s, s).rows
+    3
     """
     p = check_forward_args(x, gamma, gamma)
     if tuple(dy.shape) != tuple(x.shape):
         raise ValueError(f"dy must have the shape of x, {tuple(x.shape)}; got {tuple(dy.shape)}.")
     if np.dtype(dy.dtype) != p.dtype:
         raise TypeError(f"dy must have the dtype of x ({p.dtype}); got {dy.dtype}.")
-    for name, s in (("mean", mean), ("rstd", rstd)):
+    for name, s in (("mean_hi", mean_hi), ("mean_lo", mean_lo), ("rstd", rstd)):
         if tuple(s.shape) != tuple(x.shape[:-1]):
             raise ValueError(
                 f"{name} must have shape x.shape[:-1] = {tuple(x.shape[:-1])}, as the forward "

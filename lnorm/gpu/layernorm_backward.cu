@@ -4,9 +4,10 @@
 //     dgamma = sum over rows of dy * xhat,   dbeta = sum over rows of dy.
 //
 // Kernel 1 (ln_bwd_*): each row group (a warp or a block) takes a strip of
-// consecutive rows. Per row it reads x, dy, gamma, mean and rstd once,
-// recomputes xhat in registers, makes the two row reductions, and writes dx
-// once. Across its strip it adds dy * xhat and dy into per-thread column
+// consecutive rows and holds gamma in registers for all of them. Per row it
+// reads x, dy, the two halves of the mean and rstd once, recomputes
+// xhat = ((x - mean_hi) - mean_lo) * rstd in registers, as the forward
+// centred, makes the two row reductions, and writes dx once. Across its strip it adds dy * xhat and dy into per-thread column
 // partial sums, written at the end as one row of a (row_groups, D) buffer.
 // Kernel 2 (ln_bwd_reduce_params) sums that buffer over the row groups in a
 // fixed order. No atomics: every sum has one order, so every run gives the
@@ -16,8 +17,9 @@
 template <typename T, int VEC, bool PER_BLOCK>
 __device__ __forceinline__ void layernorm_backward(
     const T* __restrict__ dy, const T* __restrict__ x,
-    const T* __restrict__ gamma, const float* __restrict__ mean,
-    const float* __restrict__ rstd, T* __restrict__ dx,
+    const T* __restrict__ gamma, const float* __restrict__ mean_hi,
+    const float* __restrict__ mean_lo, const float* __restrict__ rstd,
+    T* __restrict__ dx,
     float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
     int rows, int D, int rows_per_group, int row_groups)
 {
@@ -34,10 +36,20 @@ __device__ __forceinline__ void layernorm_backward(
 #pragma unroll
     for (int k = 0; k < E; ++k) dgamma_acc[k] = dbeta_acc[k] = 0.0f;
 
+    // gamma is the same for every row of the strip: read it once, keep it in
+    // registers.
+    float gam[E];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (v < nvec) Vec<T, VEC>::load(gamma + v * VEC, &gam[i * VEC]);
+    }
+
     const long long first = group * rows_per_group;
     const long long last = min(first + rows_per_group, (long long)rows);
     for (long long row = first; row < last; ++row) {
-        const float mu = mean[row], rs = rstd[row];
+        const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
+        const float rs = rstd[row];
         const long long offset = row * D;
 
         // Step 1: read x, dy, gamma once; xhat and g into registers; this
@@ -48,15 +60,14 @@ __device__ __forceinline__ void layernorm_backward(
         for (int i = 0; i < VPT; ++i) {
             const int v = t + i * G;
             if (v < nvec) {
-                float xv[VEC], dyv[VEC], gv[VEC];
+                float xv[VEC], dyv[VEC];
                 Vec<T, VEC>::load(x + offset + v * VEC, xv);
                 Vec<T, VEC>::load(dy + offset + v * VEC, dyv);
-                Vec<T, VEC>::load(gamma + v * VEC, gv);
 #pragma unroll
                 for (int c = 0; c < VEC; ++c) {
                     const int k = i * VEC + c;
-                    xhat[k] = (xv[c] - mu) * rs;
-                    g[k] = gv[c] * dyv[c];
+                    xhat[k] = ((xv[c] - mu_hi) - mu_lo) * rs;
+                    g[k] = gam[k] * dyv[c];
                     part.x += g[k];
                     part.y += g[k] * xhat[k];
                     dgamma_acc[k] += dyv[c] * xhat[k];
@@ -107,13 +118,15 @@ __device__ __forceinline__ void layernorm_backward(
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
     ln_bwd_##SUFFIX(const T* __restrict__ dy, const T* __restrict__ x,       \
                     const T* __restrict__ gamma,                             \
-                    const float* __restrict__ mean,                          \
+                    const float* __restrict__ mean_hi,                       \
+                    const float* __restrict__ mean_lo,                       \
                     const float* __restrict__ rstd, T* __restrict__ dx,      \
                     float* __restrict__ dgamma_part,                         \
                     float* __restrict__ dbeta_part,                          \
                     int rows, int D, int rows_per_group, int row_groups) {   \
         layernorm_backward<T, VEC, PER_BLOCK>(                               \
-            dy, x, gamma, mean, rstd, dx, dgamma_part, dbeta_part,           \
+            dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,           \
+            dbeta_part,                                                      \
             rows, D, rows_per_group, row_groups);                            \
     }
 

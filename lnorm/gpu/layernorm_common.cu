@@ -23,17 +23,20 @@
 #define LN_VARIANTS(K)                                      \
     K(warp_f32_v4, float, 4, false, LN_WARP_THREADS)        \
     K(warp_f32_v1, float, 1, false, LN_WARP_THREADS)        \
-    K(warp_f16_v2, half_bits, 2, false, LN_WARP_THREADS)    \
+    K(warp_f16_v8, half_bits, 8, false, LN_WARP_THREADS)    \
     K(warp_f16_v1, half_bits, 1, false, LN_WARP_THREADS)    \
     K(block_f32_v4, float, 4, true, LN_BLOCK_THREADS)       \
     K(block_f32_v1, float, 1, true, LN_BLOCK_THREADS)       \
-    K(block_f16_v2, half_bits, 2, true, LN_BLOCK_THREADS)   \
+    K(block_f16_v8, half_bits, 8, true, LN_BLOCK_THREADS)   \
     K(block_f16_v1, half_bits, 1, true, LN_BLOCK_THREADS)
 
 // float16 is stored as its 16 raw bits and converted with one PTX instruction
-// each way, so no cuda_fp16.h is needed. Arithmetic is always float32.
+// each way, so no cuda_fp16.h is needed. Arithmetic is always float32. On the
+// host (lnorm.gpu.host compiles this file with g++ to run it on the CPU) the
+// same IEEE conversions go through _Float16.
 typedef unsigned short half_bits;
 
+#ifdef __CUDA_ARCH__
 __device__ __forceinline__ float half_to_float(half_bits h) {
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));  // exact
@@ -45,12 +48,26 @@ __device__ __forceinline__ half_bits float_to_half(float f) {
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));  // to nearest even
     return h;
 }
+#else
+inline float half_to_float(half_bits h) {
+    _Float16 v;
+    __builtin_memcpy(&v, &h, 2);
+    return (float)v;  // exact
+}
+
+inline half_bits float_to_half(float f) {
+    const _Float16 v = (_Float16)f;  // to nearest even
+    half_bits h;
+    __builtin_memcpy(&h, &v, 2);
+    return h;
+}
+#endif
 
 // Vec<T, VEC>::load(p, out): the VEC consecutive elements p[0..VEC-1], as
-// floats, with ONE global load instruction (float4 = 16 bytes, a half2 pair
-// = 4 bytes); store is the converse. p must be aligned to the vector: the
-// launcher picks VEC > 1 only when D is a multiple of VEC, so that every row
-// starts aligned.
+// floats, with ONE global load instruction (a float4, or a uint4 of eight
+// float16: 16 bytes either way); store is the converse. p must be aligned to
+// the vector: the launcher picks VEC > 1 only when D is a multiple of VEC,
+// so that every row starts aligned.
 template <typename T, int VEC> struct Vec;
 
 template <> struct Vec<float, 4> {
@@ -75,6 +92,18 @@ template <> struct Vec<float, 2> {
     }
 };
 
+// Used for the float32 dgamma/dbeta partial sums of float16 rows.
+template <> struct Vec<float, 8> {
+    static __device__ __forceinline__ void load(const float* p, float* out) {
+        Vec<float, 4>::load(p, out);
+        Vec<float, 4>::load(p + 4, out + 4);
+    }
+    static __device__ __forceinline__ void store(float* p, const float* in) {
+        Vec<float, 4>::store(p, in);
+        Vec<float, 4>::store(p + 4, in + 4);
+    }
+};
+
 template <> struct Vec<float, 1> {
     static __device__ __forceinline__ void load(const float* p, float* out) {
         out[0] = *p;
@@ -84,19 +113,28 @@ template <> struct Vec<float, 1> {
     }
 };
 
-// half2: two float16 in one 32-bit word, the lower address in the low half.
-template <> struct Vec<half_bits, 2> {
+// Eight float16 in one 16-byte load (uint4), the lower address in the low
+// half of each 32-bit word: the float16 rows move 16 bytes per instruction,
+// as the float32 rows do.
+template <> struct Vec<half_bits, 8> {
     static __device__ __forceinline__ void load(const half_bits* p,
                                                 float* out) {
-        const unsigned int v = *reinterpret_cast<const unsigned int*>(p);
-        out[0] = half_to_float((half_bits)(v & 0xffffu));
-        out[1] = half_to_float((half_bits)(v >> 16));
+        const uint4 v = *reinterpret_cast<const uint4*>(p);
+        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            out[2 * j] = half_to_float((half_bits)(w[j] & 0xffffu));
+            out[2 * j + 1] = half_to_float((half_bits)(w[j] >> 16));
+        }
     }
     static __device__ __forceinline__ void store(half_bits* p,
                                                  const float* in) {
-        const unsigned int lo = float_to_half(in[0]);
-        const unsigned int hi = float_to_half(in[1]);
-        *reinterpret_cast<unsigned int*>(p) = lo | (hi << 16);
+        unsigned int w[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            w[j] = (unsigned int)float_to_half(in[2 * j])
+                   | ((unsigned int)float_to_half(in[2 * j + 1]) << 16);
+        *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
     }
 };
 
@@ -133,6 +171,10 @@ __device__ __forceinline__ float2 zero_like(float2) {
 // Sum over the whole block: each warp reduces by shuffles, lane 0 parks the
 // warp's sum in shared memory, warp 0 reduces those (padded with zeros to 32
 // lanes, so the order is the same tree as a warp's), and everyone reads it.
+// Two barriers per sum. No third one is needed before the next sum reuses
+// the slots: its writes go to partial[warp], which nobody reads any more once
+// the second barrier has passed, and partial[32] is written again only after
+// the next sum's first barrier, which every thread reaches after its read.
 template <typename V>
 __device__ __forceinline__ V block_sum(V v) {
     __shared__ V partial[33];  // one slot per warp, and one for the result
@@ -147,9 +189,7 @@ __device__ __forceinline__ V block_sum(V v) {
         if (lane == 0) partial[32] = w;
     }
     __syncthreads();
-    v = partial[32];
-    __syncthreads();  // partial[] may be overwritten once everyone has read
-    return v;
+    return partial[32];
 }
 
 // A row is reduced by its own warp, or by the whole block.

@@ -113,6 +113,9 @@ class FusedLayerNorm:
     def forward(self, x, gamma, beta, eps: float = 1e-5) -> tuple:
         """Fused forward: ``y = gamma * (x - mean) * rstd + beta`` over the last axis.
 
+        The mean is returned in two halves, ``mean_hi + mean_lo`` (see
+        :func:`lnorm.gpu.emulate.forward`).
+
         Parameters
         ----------
         x : array, shape (..., D), float32 or float16 (host or device)
@@ -122,23 +125,23 @@ class FusedLayerNorm:
         Returns
         -------
         y : cupy.ndarray, shape and dtype of ``x``
-        mean, rstd : cupy.ndarray, float32, shape ``x.shape[:-1]``
+        mean_hi, mean_lo, rstd : cupy.ndarray, float32, shape ``x.shape[:-1]``
         """
         cp = self._cp
         x, gamma, beta = (self._as_device(a) for a in (x, gamma, beta))
         p = check_forward_args(x, gamma, beta, eps)
         y = cp.empty_like(x)
-        mean = cp.empty(x.shape[:-1], dtype=cp.float32)
-        rstd = cp.empty(x.shape[:-1], dtype=cp.float32)
+        hi, lo, rstd = (cp.empty(x.shape[:-1], dtype=cp.float32) for _ in range(3))
         if p.rows:
             self._functions[p.kernel("forward")](
                 (p.forward_grid,),
                 (p.block,),
-                (x, gamma, beta, y, mean, rstd, np.int32(p.rows), np.int32(p.D), np.float32(eps)),
+                (x, gamma, beta, y, hi, lo, rstd, np.int32(p.rows), np.int32(p.D),
+                 np.float32(eps)),
             )
-        return y, mean, rstd
+        return y, hi, lo, rstd
 
-    def backward(self, dy, x, gamma, mean, rstd) -> tuple:
+    def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
         """Fused backward, then the deterministic reduction of dgamma and dbeta.
 
         Returns
@@ -147,8 +150,9 @@ class FusedLayerNorm:
         dgamma, dbeta : cupy.ndarray, float32, shape (D,)
         """
         cp = self._cp
-        dy, x, gamma, mean, rstd = (self._as_device(a) for a in (dy, x, gamma, mean, rstd))
-        p = check_backward_args(dy, x, gamma, mean, rstd)
+        dy, x, gamma, mean_hi, mean_lo, rstd = (
+            self._as_device(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd))
+        p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd)
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows
             return dx, cp.zeros(p.D, dtype=cp.float32), cp.zeros(p.D, dtype=cp.float32)
@@ -162,7 +166,7 @@ class FusedLayerNorm:
             (p.backward_grid,),
             (p.block,),
             (
-                dy, x, gamma, mean, rstd, dx, dgamma_part, dbeta_part,
+                dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part, dbeta_part,
                 np.int32(p.rows), np.int32(p.D), np.int32(p.rows_per_group), np.int32(p.row_groups),
             ),
         )
@@ -186,17 +190,19 @@ def unfused_forward(x, gamma, beta, eps: float = 1e-5) -> tuple:
     Returns
     -------
     y : array, shape and dtype of ``x``
-    mean, rstd : array, float32, shape ``x.shape[:-1]``, as the fused backward takes them
+    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``, as the
+        fused backward takes them; ``mean_lo`` is zero (a plain float32 mean)
     """
     x32 = x.astype("float32", copy=False)  # float32 input: no copy, no extra pass
     y, mean, rstd, _ = forward_formula(x32, gamma.astype("float32"), beta.astype("float32"), eps)
-    return y.astype(x.dtype, copy=False), mean[..., 0], rstd[..., 0]
+    mean = mean[..., 0]
+    return y.astype(x.dtype, copy=False), mean, mean * 0, rstd[..., 0]
 
 
-def unfused_backward(dy, x, gamma, mean, rstd) -> tuple:
+def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
     """The backward written op by op in float32, for comparison.
 
-    ``xhat = (x - mean) * rstd`` recovered in two operators, then
+    ``xhat = ((x - mean_hi) - mean_lo) * rstd`` recovered op by op, then
     :func:`lnorm.bench.reference_backward` on float32 arrays: the program
     :func:`lnorm.cost.numpy_program` counts for ``saved="x_mean_rstd"``.
 
@@ -209,7 +215,7 @@ def unfused_backward(dy, x, gamma, mean, rstd) -> tuple:
     x32 = x.reshape(-1, D).astype("float32", copy=False)
     dy32 = dy.reshape(-1, D).astype("float32", copy=False)
     rstd = rstd.reshape(-1, 1)
-    xc = x32 - mean.reshape(-1, 1)
+    xc = (x32 - mean_hi.reshape(-1, 1)) - mean_lo.reshape(-1, 1)
     xhat = xc * rstd
     dx, dgamma, dbeta = reference_backward(dy32, (xhat, rstd), gamma.astype("float32"))
     return dx.astype(x.dtype, copy=False).reshape(x.shape), dgamma, dbeta
@@ -294,9 +300,9 @@ def benchmark(rows: int, D: int, dtype, *, seed: int = 0) -> dict:
     cp = _require_gpu()
     inp = {k: cp.asarray(v) for k, v in make_inputs(rows, D, dtype, seed).items()}
     fused = FusedLayerNorm()
-    y, mean, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"])
+    y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"])
     args_f = (inp["x"], inp["gamma"], inp["beta"])
-    args_b = (inp["dy"], inp["x"], inp["gamma"], mean, rstd)
+    args_b = (inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
     itemsize = np.dtype(dtype).itemsize
     size = dict(rows=rows, D=D, itemsize=itemsize, saved="x_mean_rstd")
     return {

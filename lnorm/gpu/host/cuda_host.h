@@ -1,0 +1,277 @@
+// cuda_host.h: just enough of CUDA to compile the kernel sources with g++ and
+// run them on the CPU (lnorm.gpu.host). Include it before a .cu file.
+//
+// Execution model: a launch runs its blocks one at a time, each with one OS
+// thread per CUDA thread (the same team of threads serves every block). So
+// __shared__ can be plain static storage; __syncthreads() is a barrier over
+// the block's threads and __shfl_xor_sync() an exchange over the 32 lanes of
+// a warp. Both check what the hardware assumes and abort (message on stderr)
+// when it does not hold: a shuffle by a partial warp, or a barrier that a
+// thread of its group never reaches (it exited first, or a time-out of
+// LNORM_HOST_TIMEOUT_S seconds, default 20, passed).
+//
+// Not emulated: dynamic (extern) shared memory, atomics, textures, other
+// shuffles than the xor one, warp-synchronous code without a shuffle.
+#ifndef LNORM_CUDA_HOST_H
+#define LNORM_CUDA_HOST_H
+
+#include <linux/futex.h>
+#include <math.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <climits>
+#include <ctime>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+// ---- keywords ---------------------------------------------------------------
+#define __host__
+#define __device__
+#define __global__
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define __shared__ static  // blocks run one at a time
+// __restrict__ is a g++ keyword already.
+
+// ---- built-in vector types ----------------------------------------------------
+struct alignas(8) float2 { float x, y; };
+struct alignas(16) float4 { float x, y, z, w; };
+struct alignas(8) int2 { int x, y; };
+struct alignas(16) int4 { int x, y, z, w; };
+struct alignas(8) uint2 { unsigned int x, y; };
+struct alignas(16) uint4 { unsigned int x, y, z, w; };
+inline float2 make_float2(float x, float y) { return {x, y}; }
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+inline int2 make_int2(int x, int y) { return {x, y}; }
+inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 {
+    unsigned int x, y, z;
+    dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+inline thread_local uint3 threadIdx, blockIdx;
+inline thread_local dim3 blockDim, gridDim;
+constexpr int warpSize = 32;
+
+// ---- math: IEEE float32, round to nearest (compile with -ffp-contract=off) -----
+template <class A, class B> inline auto min(A a, B b) {
+    using C = std::common_type_t<A, B>;
+    if constexpr (std::is_floating_point_v<C>) return (C)fmin((C)a, (C)b);
+    else return (C)b < (C)a ? (C)b : (C)a;
+}
+template <class A, class B> inline auto max(A a, B b) {
+    using C = std::common_type_t<A, B>;
+    if constexpr (std::is_floating_point_v<C>) return (C)fmax((C)a, (C)b);
+    else return (C)a < (C)b ? (C)b : (C)a;
+}
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fsqrt_rn(float a) { return sqrtf(a); }
+inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+// The GPU's rsqrtf is approximate (not correctly rounded): results differ.
+inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
+template <class T> inline T __ldg(const T* p) { return *p; }
+
+// ---- the runtime: blocks, warps, barriers ------------------------------------
+namespace cuda_host {
+
+[[noreturn]] inline void fail(const char* fmt, ...) {
+    std::fprintf(stderr, "cuda_host: ");
+    va_list ap;
+    va_start(ap, fmt);
+    std::vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    std::fprintf(stderr, " (block %u,%u thread %u,%u)\n", blockIdx.x, blockIdx.y,
+                 threadIdx.x, threadIdx.y);
+    std::fflush(stderr);
+    std::abort();
+}
+
+inline double timeout_s() {
+    static const double t = [] {
+        const char* e = std::getenv("LNORM_HOST_TIMEOUT_S");
+        return e ? std::atof(e) : 20.0;
+    }();
+    return t;
+}
+
+inline void futex_wait(std::atomic<unsigned>* word, unsigned expected, double seconds) {
+    timespec ts{(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+    syscall(SYS_futex, reinterpret_cast<unsigned*>(word), FUTEX_WAIT_PRIVATE, expected, &ts,
+            nullptr, 0);
+}
+inline void futex_wake(std::atomic<unsigned>* word) {
+    syscall(SYS_futex, reinterpret_cast<unsigned*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+            nullptr, 0);
+}
+static_assert(sizeof(std::atomic<unsigned>) == 4 && std::atomic<unsigned>::is_always_lock_free);
+
+struct NoOp { void operator()() const {} };
+
+// Threads that synchronise together: a warp or a whole block. A barrier of
+// atomics (release/acquire: what one thread wrote before it arrived is seen by
+// all after it, and ThreadSanitizer knows) and a futex to sleep on.
+struct Group {
+    int size = 0;
+    std::atomic<int> arrived{0}, exited{0};
+    std::atomic<unsigned> gen{0};  // completed steps; the futex word
+    alignas(16) unsigned char slot[2][32][16];  // shuffle values, double-buffered by gen
+
+    // After this thread's part of the step: wait until all `size` threads
+    // have arrived; the last one runs `last()` first. Aborts if a thread of
+    // the group exits instead of arriving, or none comes within the time-out.
+    template <class F = NoOp>
+    void arrive(const char* what, F last = {}) {
+        const unsigned mine = gen.load(std::memory_order_acquire);
+        if (exited.load())
+            fail("%s: %d of %d threads exited before reaching it", what, exited.load(), size);
+        if (arrived.fetch_add(1) + 1 == size) {
+            last();
+            arrived.store(0, std::memory_order_relaxed);
+            gen.fetch_add(1, std::memory_order_release);
+            futex_wake(&gen);
+            return;
+        }
+        const auto start = std::chrono::steady_clock::now();
+        while (gen.load(std::memory_order_acquire) == mine) {
+            if (exited.load())
+                fail("%s: %d of %d threads exited before reaching it", what, exited.load(), size);
+            const double left = timeout_s() - std::chrono::duration<double>(
+                std::chrono::steady_clock::now() - start).count();
+            if (left <= 0)
+                fail("%s: only %d of %d threads arrived within %g s", what, arrived.load(), size,
+                     timeout_s());
+            futex_wait(&gen, mine, left < 1.0 ? left : 1.0);
+        }
+    }
+    void exit() {  // seq_cst, with arrive's: either a waiter sees the exit or it is woken
+        exited.fetch_add(1);
+        if (arrived.load()) futex_wake(&gen);
+    }
+    void reset() { exited.store(0, std::memory_order_relaxed); }
+};
+
+struct Block {
+    Group all;
+    std::vector<Group> warps;
+};
+
+inline thread_local Block* this_block = nullptr;
+inline thread_local int lane_id = 0, warp_id = 0;
+
+inline Group& this_warp() { return this_block->warps[warp_id]; }
+
+}  // namespace cuda_host
+
+inline void __syncthreads() {
+    cuda_host::this_block->all.arrive("__syncthreads()");
+}
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+    if (mask != 0xffffffffu) cuda_host::fail("__syncwarp: mask %#x is not the full warp", mask);
+    cuda_host::Group& g = cuda_host::this_warp();
+    if (g.size != 32) cuda_host::fail("partial-warp __syncwarp: the warp has %d threads", g.size);
+    g.arrive("partial-warp __syncwarp");
+}
+
+// Lane i gets lane (i ^ lane_mask)'s v. All 32 lanes must take part.
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    static_assert(std::is_trivially_copyable_v<T> && sizeof(T) <= 16, "shuffle of a big type");
+    if (mask != 0xffffffffu)
+        cuda_host::fail("__shfl_xor_sync: mask %#x is not 0xffffffff (only full-warp shuffles "
+                        "are emulated)", mask);
+    if (width != 32 || lane_mask < 0 || lane_mask > 31)
+        cuda_host::fail("__shfl_xor_sync: lane mask %d, width %d not emulated", lane_mask, width);
+    cuda_host::Group& g = cuda_host::this_warp();
+    if (g.size != 32)
+        cuda_host::fail("partial-warp shuffle: warp %d has %d threads", cuda_host::warp_id, g.size);
+    unsigned char(*slot)[16] = g.slot[g.gen.load(std::memory_order_acquire) & 1];
+    std::memcpy(slot[cuda_host::lane_id], &v, sizeof(T));
+    g.arrive("partial-warp shuffle (__shfl_xor_sync)");
+    T out;  // the other buffer takes the next shuffle: this one stays until all have read
+    std::memcpy(&out, slot[cuda_host::lane_id ^ lane_mask], sizeof(T));
+    return out;
+}
+
+namespace cuda_host {
+
+template <class P> constexpr char arg_code() {
+    if constexpr (std::is_pointer_v<P>) return 'p';
+    else if constexpr (std::is_same_v<P, float>) return 'f';
+    else if constexpr (std::is_same_v<P, double>) return 'd';
+    else if constexpr (std::is_integral_v<P> && sizeof(P) == 4) return 'i';
+    else if constexpr (std::is_integral_v<P> && sizeof(P) == 8) return 'q';
+    else return '?';
+}
+
+template <class... P, std::size_t... I>
+inline void call(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
+    kernel(*static_cast<std::remove_cv_t<P>*>(args[I])...);
+}
+
+// Run kernel<<<grid, block>>>(args...). args[i] points at the i-th argument
+// (as for cuLaunchKernel); sig has one letter per parameter (p pointer,
+// f float, d double, i 32-bit integer, q 64-bit integer) and must match.
+template <class... P>
+void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
+            const unsigned* block3, void** args, const char* sig) {
+    static constexpr char want[] = {arg_code<std::remove_cv_t<P>>()..., '\0'};
+    if (std::strcmp(sig, want) != 0)
+        fail("%s takes arguments of kinds \"%s\", got \"%s\"", name, want, sig);
+    const dim3 grid(grid3[0], grid3[1], grid3[2]), block(block3[0], block3[1], block3[2]);
+    const unsigned n = block.x * block.y * block.z;
+    const unsigned long long nblocks = 1ull * grid.x * grid.y * grid.z;
+    if (n == 0 || n > 1024) fail("%s: %u threads per block", name, n);
+    Block b;
+    b.all.size = (int)n;
+    b.warps = std::vector<Group>((n + 31) / 32);
+    for (unsigned w = 0; w < b.warps.size(); ++w)
+        b.warps[w].size = (int)(n - 32 * w < 32 ? n - 32 * w : 32);  // the last may be partial
+    Group done;  // end of a block: everyone waits, the last one resets the block
+    done.size = (int)n;
+    std::vector<std::thread> team;
+    team.reserve(n);
+    for (unsigned t = 0; t < n; ++t) {
+        team.emplace_back([&, t] {
+            this_block = &b;
+            warp_id = (int)(t / 32);
+            lane_id = (int)(t % 32);
+            threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+            blockDim = block;
+            gridDim = grid;
+            for (unsigned long long id = 0; id < nblocks; ++id) {
+                blockIdx = {(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y),
+                            (unsigned)(id / (1ull * grid.x * grid.y))};
+                call(kernel, args, std::index_sequence_for<P...>{});
+                b.all.exit();
+                this_warp().exit();
+                done.arrive("end of block", [&] {
+                    b.all.reset();
+                    for (Group& w : b.warps) w.reset();
+                });
+            }
+        });
+    }
+    for (std::thread& th : team) th.join();
+}
+
+}  // namespace cuda_host
+
+#endif  // LNORM_CUDA_HOST_H

@@ -1,0 +1,150 @@
+"""A time model of the fused kernels: bytes, and the latency each row exposes.
+
+A memory-bound kernel runs at the bandwidth of DRAM only if enough bytes are
+*in flight*. Little's law says how many: bytes in flight = bandwidth x
+latency, about 3.0 TB/s x 0.8 us = 2.4 MB on an H100, some 18 KB per SM. The
+kernels here work row by row. A row group (a warp or a block) issues the loads
+of its row, waits for them, reduces (shuffles and barriers), writes, and only
+then starts the next row: per row it exposes the latency once. So one step
+of a row group costs
+
+.. math::
+
+    t_\\text{row} = \\frac{C\\, b_\\text{row}}{B} + L
+
+where ``C`` groups run at once on the whole GPU (limited by registers,
+threads and the grid), ``b_row`` is the bytes one row moves, ``B`` the copy
+bandwidth and ``L`` the exposed latency: the memory latency plus the row
+sums (three in the forward, one in the backward).
+The kernel takes ``ceil(groups / C) * rows_per_group`` such steps. The first
+term is the bytes; the second is what a design that keeps the next row's
+loads in flight (prefetch, ``rows_in_flight=2``) would hide.
+
+Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
+chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
+real H100 measured, and chapter 6 sets the two side by side.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost import traffic
+from .kernels import plan
+
+__all__ = ["H100", "Device", "Prediction", "predict", "occupancy"]
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the model needs of a GPU."""
+
+    name: str
+    sm_count: int
+    bandwidth: float  # bytes/s a device-to-device copy reaches
+    latency: float  # s: DRAM latency, exposed once per row step
+    block_reduction: float  # s: one row sum over a block (shuffles, two barriers)
+    warp_reduction: float  # s: one row sum over a warp (five shuffles)
+    registers_per_sm: int = 65536
+    max_threads_per_sm: int = 2048
+    max_blocks_per_sm: int = 32
+    launch_overhead: float = 2e-6  # s per kernel launch, back to back
+
+
+#: An H100 SXM: 132 SMs, 3.0 TB/s copy bandwidth (as measured on one), 0.6 us
+#: DRAM latency under load, 0.25 us per block reduction, 0.05 us per warp one.
+H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6,
+              block_reduction=0.25e-6, warp_reduction=0.05e-6)
+
+#: Registers per thread of the main kernels on sm_90, as ``ptxas -v`` reported
+#: them (``lnorm.gpu.ptx.ptxas_usage``; chapter 6 prints the current values).
+#: Used when ptxas is not installed.
+REGISTERS = {"fwd": 40, "bwd": 112}
+
+
+def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> int:
+    """Blocks of ``threads_per_block`` threads that fit on one SM at once.
+
+    Registers are allocated per warp in units of 256 (CUDA occupancy rules).
+    """
+    warps = math.ceil(threads_per_block / 32)
+    regs_per_warp = math.ceil(registers * 32 / 256) * 256
+    by_registers = device.registers_per_sm // (regs_per_warp * warps)
+    by_threads = device.max_threads_per_sm // (32 * warps)
+    return max(0, min(by_registers, by_threads, device.max_blocks_per_sm))
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The model's time for one kernel (and the second stage, for the backward)."""
+
+    direction: str
+    rows: int
+    D: int
+    dtype: str
+    bytes: int  # what the op must move (lnorm.cost.traffic, fused)
+    bytes_moved: int  # what the kernels move: + the dgamma/dbeta partial sums
+    concurrent_groups: int
+    steps: int
+    time: float
+
+    @property
+    def bandwidth(self) -> float:
+        """Bytes the op must move, per second."""
+        return self.bytes / self.time
+
+    def share(self, device: Device = H100) -> float:
+        """Fraction of the copy bandwidth."""
+        return self.bandwidth / device.bandwidth
+
+
+def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
+            registers: int | None = None, rows_in_flight: int = 1) -> Prediction:
+    """Predicted time of the fused forward or backward (both kernels) at one shape.
+
+    Parameters
+    ----------
+    direction : {"forward", "backward"}
+    rows, D : int
+    dtype : float32 or float16
+    device : Device
+    registers : int, optional
+        Registers per thread of the main kernel; default :data:`REGISTERS`.
+    rows_in_flight : int, default 1
+        Rows whose loads a group keeps outstanding: 1 is the kernels here;
+        2 models prefetching the next row, which hides the latency ``L`` of
+        all but every second step.
+
+    Returns
+    -------
+    Prediction
+    """
+    p = plan(rows, D, dtype)
+    itemsize = p.dtype.itemsize
+    short = "fwd" if direction == "forward" else "bwd"
+    regs = registers or REGISTERS[short]
+    must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize, saved="x_mean_rstd").bytes
+    if direction == "forward":
+        groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
+        extra = 0
+    else:
+        groups, per_group = p.row_groups, p.rows_per_group
+        per_block = 1 if p.per_block else 4
+        extra = p.partials_bytes
+    blocks_per_sm = occupancy(p.block, regs, device)
+    concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
+    b_row = must / max(rows, 1)
+    # The forward makes three row sums per row (mean_hi, mean_lo, variance), the backward one.
+    reduction = device.block_reduction if p.per_block else device.warp_reduction
+    exposed = device.latency / rows_in_flight + (3 if direction == "forward" else 1) * reduction
+    t_step = concurrent * b_row / device.bandwidth + exposed
+    steps = math.ceil(groups / concurrent) * per_group if rows else 0
+    time = steps * t_step + device.launch_overhead
+    if direction == "backward":
+        # Second stage: read the partial sums once, at copy speed, plus its latency.
+        time += p.partials_bytes / 2 / device.bandwidth + device.latency + device.launch_overhead
+    return Prediction(direction, rows, D, str(np.dtype(dtype)), must, must + extra,
+                      concurrent, steps, time)

@@ -1,0 +1,250 @@
+"""The CUDA sources themselves, compiled by g++ and run on the CPU (lnorm.gpu.host).
+
+The fast tests compare every kernel's output with lnorm.gpu.emulate bit for
+bit, launched exactly as FusedLayerNorm launches them on a GPU. The slow ones
+run the same kernels under AddressSanitizer + UndefinedBehaviorSanitizer and
+under ThreadSanitizer, and prove, on modified copies of the sources, that each
+check can fail: a missing barrier (a data race), a load past the row (a heap
+overflow), a misaligned vector load, and a shuffle by a partial warp.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from lnorm.gpu import check, emulate, kernels
+from lnorm.gpu import host as cpu
+
+pytestmark = pytest.mark.cuda_on_cpu
+
+F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
+#: (rows, D): D of 1, 2, 7 (warp, scalar loads), 512 (warp, vector loads), 513,
+#: 1027, 4099 (block, scalar), 8192 (block, vector, the longest row). Rows
+#: leave a short last strip in the backward (rows % 16 != 0) and, for warps,
+#: a partly empty last block; few rows where a block has hundreds of threads.
+SHAPES = ((37, 1), (21, 2), (40, 7), (19, 512), (18, 513), (17, 1027), (5, 4099), (3, 8192))
+SANITIZED_SHAPES = ((18, 7), (5, 512), (3, 513), (2, 1027))
+DIRTY = ("ERROR: AddressSanitizer", "runtime error", "WARNING: ThreadSanitizer")
+
+
+@pytest.fixture(scope="module")
+def host():
+    ok, why = cpu.available()
+    if not ok:
+        pytest.skip(f"cannot compile the CUDA sources for the CPU: {why}")
+    return cpu.HostLayerNorm()
+
+
+def assert_same_bits(got: dict, want: dict, what: str, nan_payload: bool = True) -> None:
+    """Every output identical as raw bits; with ``nan_payload=False`` NaNs need only
+    sit in the same places (IEEE leaves the sign and payload of a NaN made from
+    two NaNs to the implementation: g++ and NumPy may order an addition's operands
+    differently)."""
+    assert set(got) == set(want)
+    for k, w in want.items():
+        g = got[k]
+        assert (g.shape, g.dtype) == (w.shape, w.dtype), k
+        bits = np.dtype(f"uint{8 * w.dtype.itemsize}")
+        gb, wb = g.view(bits), w.view(bits)
+        if not nan_payload:
+            nan = np.isnan(w)
+            np.testing.assert_array_equal(np.isnan(g), nan, err_msg=f"NaN positions of {k}, {what}")
+            gb, wb = np.where(nan, 0, gb), np.where(nan, 0, wb)
+        np.testing.assert_array_equal(gb, wb, err_msg=f"{k}, {what}")
+
+
+def run_both(host, inp: dict) -> tuple[dict, dict]:
+    with np.errstate(all="ignore"):
+        want = check.forward_backward(emulate.forward, emulate.backward, inp)
+    return check.forward_backward(host.forward, host.backward, inp), want
+
+
+def test_shapes_reach_every_kernel_variant():
+    names = {n for f in kernels.KERNEL_FILES for n in kernels.kernel_params(f)}
+    reached = {kernels.plan(rows, D, dt).kernel(direction) for rows, D in SHAPES
+               for dt in (F32, F16) for direction in ("forward", "backward")}
+    assert reached | {"ln_bwd_reduce_params"} == names
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+@pytest.mark.parametrize("rows, D", SHAPES)
+def test_source_on_cpu_equals_emulation_bit_for_bit(host, rows, D, dtype):
+    p = kernels.plan(rows, D, dtype)
+    if rows > p.rows_per_group:
+        assert rows % p.rows_per_group
+    got, want = run_both(host, check.make_inputs(rows, D, dtype, seed=D))
+    assert_same_bits(got, want, f"rows={rows}, D={D}, {dtype}, {p.kernel('forward')}")
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+@pytest.mark.parametrize("D", [7, 512, 1027])
+def test_nan_inf_and_constant_rows(host, D, dtype):
+    inp = check.make_inputs(21, D, dtype, seed=1)
+    x, dy = inp["x"], inp["dy"]
+    big = np.finfo(dtype).max / 2
+    x[0, D // 2] = np.nan
+    x[1, 0] = np.inf
+    x[2] = 3  # constant: variance 0, rstd = 1 / sqrt(eps)
+    x[3, 0], x[3, -1] = np.inf, -np.inf
+    x[4] = -np.inf
+    x[5] = big  # constant and huge (in float32 the row sum overflows)
+    x[6, ::2], x[6, 1::2] = big, -big
+    dy[7, 0] = np.nan
+    dy[8, -1] = np.inf
+    got, want = run_both(host, inp)
+    assert np.isnan(want["y"][0]).all() and np.isfinite(want["y"][9:]).all()
+    assert_same_bits(got, want, f"D={D}, {dtype}", nan_payload=False)
+
+
+def test_leading_dimensions_zero_rows_and_determinism(host):
+    inp = check.make_inputs(10, 1027, F32, seed=2)
+    inp3 = {k: v.reshape(2, 5, -1) if v.ndim == 2 else v for k, v in inp.items()}
+    got, want = run_both(host, inp3)
+    assert_same_bits(got, want, "shape (2, 5, 1027)")
+    again, _ = run_both(host, inp3)
+    assert_same_bits(again, got, "second run")
+    empty = np.zeros((0, 7), np.float32)
+    y, hi, lo, rstd = host.forward(empty, np.ones(7, np.float32), np.zeros(7, np.float32))
+    dx, dgamma, dbeta = host.backward(empty, empty, np.ones(7, np.float32), hi, lo, rstd)
+    assert y.shape == (0, 7) and hi.shape == (0,) and (dgamma == 0).all() and (dbeta == 0).all()
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e2, 1e4, 1e6])
+def test_accuracy_is_flat_in_the_offset(host, offset):
+    err = check.offset_errors(host.forward, host.backward, 1024, offset, rows=4)
+    assert err["y"] <= 2e-7 and err["dx"] <= 2e-7, err
+    assert err == check.offset_errors(emulate.forward, emulate.backward, 1024, offset, rows=4)
+
+
+def test_launch_checks_argument_kinds(host):
+    with pytest.raises(TypeError, match="NumPy scalar"):
+        host.launch("ln_bwd_reduce_params", (1,), (32, 8), (np.zeros(1), 1))
+
+
+# ---- sanitizers and negative controls (slow) ----------------------------------------
+
+
+def runtime_present(flags) -> bool:
+    preload = cpu.sanitizer_env(flags).get("LD_PRELOAD", "")
+    return preload.startswith("/")
+
+
+def run(code: str, flags=(), source_dir=None) -> tuple[int, str]:
+    flags = tuple(flags)
+    if flags and not runtime_present(flags):
+        pytest.skip(f"no sanitizer runtime for {flags}")
+    try:
+        done = cpu.run_in_subprocess(code, flags, source_dir, timeout=300)
+    except RuntimeError as exc:  # g++ without sanitizer support
+        pytest.skip(f"cannot build with {flags}: {exc}")
+    return done.returncode, done.stdout + done.stderr
+
+
+def selftest(shapes, flags, source_dir=None, dtypes=("float32", "float16")) -> str:
+    src = None if source_dir is None else str(source_dir)
+    return (f"from lnorm.gpu.host import selftest\n"
+            f"selftest({shapes!r}, {dtypes!r}, {tuple(flags)!r}, {src!r})")
+
+
+def modified_copy(tmp_path, filename: str, edit) -> str:
+    """Copies of the .cu files in tmp_path, ``filename`` passed through ``edit(text)``."""
+    for name in (kernels.COMMON_FILE, *kernels.KERNEL_FILES):
+        shutil.copy(kernels.SOURCE_DIR / name, tmp_path / name)
+    text = (tmp_path / filename).read_text()
+    changed = edit(text)
+    assert changed != text, f"the edit no longer applies to {filename}: update this control"
+    (tmp_path / filename).write_text(changed)
+    return str(tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["asan", "tsan"])
+def test_sanitizers_find_nothing(host, kind):
+    flags = cpu.SANITIZE[kind]
+    rc, out = run(selftest(SANITIZED_SHAPES, flags), flags)
+    assert rc == 0 and "selftest passed" in out, out[-4000:]
+    assert not [d for d in DIRTY if d in out], out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_missing_barrier_is_a_data_race(host, tmp_path):
+    def drop_first_barrier(text):  # the one between parking the warp sums and reading them
+        at = text.index("block_sum(V v")
+        return text[:at] + text[at:].replace("__syncthreads();", "", 1)
+
+    src = modified_copy(tmp_path, kernels.COMMON_FILE, drop_first_barrier)
+    flags = cpu.SANITIZE["tsan"]
+    rc, out = run(selftest(((2, 513),), flags, src, ("float32",)), flags, src)
+    assert rc != 0 and "WARNING: ThreadSanitizer: data race" in out, out[-4000:]
+    assert "block_sum" in out, out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
+    src = modified_copy(tmp_path, "layernorm_forward.cu",
+                        lambda t: t.replace("if (v < nvec)", "if (v <= nvec)", 1))
+    flags = cpu.SANITIZE["asan"]
+    rc, out = run(selftest(((3, 7),), flags, src, ("float32",)), flags, src)
+    assert rc != 0 and "ERROR: AddressSanitizer: heap-buffer-overflow" in out, out[-4000:]
+    assert "layernorm_forward" in out, out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_misaligned_vector_load(host):
+    rows, D = 4, 8
+    p = kernels.plan(rows, D, F32)
+    assert p.vec == 4
+    flags = cpu.SANITIZE["asan"]
+    code = f"""
+import numpy as np
+from lnorm.gpu.host import HostLayerNorm
+h = HostLayerNorm({flags!r})
+with h.buffers() as new:
+    x = new(({rows * D + 1},), np.float32, 1.0)[1:]  # 4 bytes past a 16-byte boundary
+    assert x.ctypes.data % 16 == 4
+    params = [new(({D},), np.float32, 1.0) for _ in range(2)]
+    outs = [new(({rows * D},), np.float32)] + [new(({rows},), np.float32) for _ in range(3)]
+    h.launch({p.kernel("forward")!r}, ({p.forward_grid},), ({p.block},),
+             (x, *params, *outs, np.int32({rows}), np.int32({D}), np.float32(1e-5)))
+print("no error")
+"""
+    rc, out = run(code, flags)
+    # "load of" or "reference binding to" misaligned address, by the optimization level
+    assert rc != 0 and re.search(r"runtime error: .* misaligned address .*float4", out), out[-4000:]
+    assert "Vec<float, 4>::load" in out and "no error" not in out, out[-4000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["block_of_48", "lane_returns_early"])
+def test_control_partial_warp_shuffle_aborts(host, tmp_path, how):
+    if how == "block_of_48":  # warp 1 of the block has 16 lanes, and a row
+        p = kernels.plan(2, 7, F32)
+        assert not p.per_block
+        code = f"""
+import numpy as np
+from lnorm.gpu.host import HostLayerNorm
+h = HostLayerNorm()
+with h.buffers() as new:
+    args = [new((14,), np.float32, 1.0), *(new((7,), np.float32, 1.0) for _ in range(2)),
+            new((14,), np.float32), *(new((2,), np.float32) for _ in range(3))]
+    h.launch({p.kernel("forward")!r}, (1,), (48,),
+             (*args, np.int32(2), np.int32(7), np.float32(1e-5)))
+print("no error")
+"""
+        rc, out = run(code)
+        assert "warp 1 has 16 threads" in out, out[-4000:]
+    else:  # lane 5 of every warp leaves before the first shuffle
+        def lane_returns(text):
+            line = re.search(r"^.*= rank_in_group<PER_BLOCK>\(\).*$", text, re.M).group(0)
+            return text.replace(line, line + "\n    if (t == 5) return;", 1)
+
+        src = modified_copy(tmp_path, "layernorm_forward.cu", lane_returns)
+        rc, out = run(selftest(((3, 7),), (), src, ("float32",)), (), src)
+        assert "1 of 32 threads exited before reaching it" in out, out[-4000:]
+    assert rc != 0 and "cuda_host: partial-warp shuffle" in out and "no error" not in out
