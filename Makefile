@@ -17,11 +17,11 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root (containers) unless told to.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help book test lab clean unit slow site-tests
+.PHONY: help book test lab clean lint unit slow site-tests
 
 help:
 	@echo "make book   install into $(VENV) and build the site ($(HTML))"
-	@echo "make test   install, run the unit and slow tests, build the book, test the built site"
+	@echo "make test   install; lint, unit and doctests, slow tests, the book, the built site"
 	@echo "make lab    open the chapters as notebooks in JupyterLab"
 	@echo "make clean  remove $(VENV), _build and caches"
 
@@ -48,8 +48,14 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . --all -n -W --keep-going 2>&1 | tee _build/build.log
 	@echo "Built: $(CURDIR)/$(HTML)"
 
+# ruff, configured in pyproject.toml, over the package and the tests.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lnorm tests benchmarks
+
+# The unit and property tests, and every docstring example of the package.
 unit: $(STAMP)
-	$(PY) -m pytest -m "not built_book and not slow" -q --durations=15
+	$(PY) -m pytest -m "not built_book and not slow" -q --durations=15 \
+		--doctest-modules lnorm tests
 
 # Sanitizer runs of the CUDA sources on the CPU, and their negative controls.
 slow: $(STAMP)
@@ -61,6 +67,7 @@ site-tests: $(STAMP)
 
 # In this order, also under `make -j`: unit tests, slow tests, the book, the site.
 test: $(STAMP)
+	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory slow
 	$(MAKE) --no-print-directory book

@@ -1,4 +1,6 @@
-"""Time the peers of the fused kernels on a GPU: PyTorch and the Triton tutorial's design.
+"""Time the peers of the fused kernels on a GPU: PyTorch and the Triton tutorial's
+design.
+
 
 This script is the one place in the project that imports PyTorch and Triton:
 ``lnorm/`` and ``book/`` never do. It runs on a machine with a GPU::
@@ -33,11 +35,15 @@ import torch
 import triton
 import triton.language as tl
 
-from lnorm.gpu.measure import L2_FLUSH_BELOW, SHAPES, _bytes
 from lnorm.gpu.check import make_inputs
+from lnorm.gpu.measure import L2_FLUSH_BELOW, SHAPES, _bytes
 
 EPS = 1e-5
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
 
 
 # ------------------------------------------------------------------ Triton
@@ -54,12 +60,26 @@ def _tri_forward(X, Y, W, B, MEAN, RSTD, D, eps, BLOCK: tl.constexpr):
     b = tl.load(B + cols, mask=inside).to(tl.float32)
     tl.store(MEAN + row, mean)
     tl.store(RSTD + row, rstd)
-    tl.store(Y + row * D + cols, (xc * rstd * w + b).to(Y.dtype.element_ty), mask=inside)
+    tl.store(
+        Y + row * D + cols, (xc * rstd * w + b).to(Y.dtype.element_ty), mask=inside
+    )
 
 
 @triton.jit
-def _tri_backward_dx(DX, DY, X, W, MEAN, RSTD, PART_W, PART_B, LOCKS, D,
-                     GROUP: tl.constexpr, BLOCK: tl.constexpr):
+def _tri_backward_dx(
+    DX,
+    DY,
+    X,
+    W,
+    MEAN,
+    RSTD,
+    PART_W,
+    PART_B,
+    LOCKS,
+    D,
+    GROUP: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     inside = cols < D
@@ -71,8 +91,11 @@ def _tri_backward_dx(DX, DY, X, W, MEAN, RSTD, PART_W, PART_B, LOCKS, D,
     g = tl.where(inside, w * dy, 0.0)
     mean_gx = tl.sum(g * xhat, axis=0) / D
     mean_g = tl.sum(g, axis=0) / D
-    tl.store(DX + row * D + cols, ((g - xhat * mean_gx - mean_g) * rstd).to(DX.dtype.element_ty),
-             mask=inside)
+    tl.store(
+        DX + row * D + cols,
+        ((g - xhat * mean_gx - mean_g) * rstd).to(DX.dtype.element_ty),
+        mask=inside,
+    )
     # The tutorial's partial sums: row r adds into partial row r % GROUP under
     # a spin lock; the first writer of a partial row stores instead of adding.
     slot = row % GROUP
@@ -93,7 +116,9 @@ def _tri_backward_dx(DX, DY, X, W, MEAN, RSTD, PART_W, PART_B, LOCKS, D,
 
 
 @triton.jit
-def _tri_backward_params(PART_W, PART_B, DW, DB, GROUP, D, BM: tl.constexpr, BN: tl.constexpr):
+def _tri_backward_params(
+    PART_W, PART_B, DW, DB, GROUP, D, BM: tl.constexpr, BN: tl.constexpr
+):
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     acc_w = tl.zeros((BM, BN), dtype=tl.float32)
     acc_b = tl.zeros((BM, BN), dtype=tl.float32)
@@ -134,9 +159,24 @@ def triton_backward(dy, x, w, mean, rstd):
     dx = torch.empty_like(x)
     dw = torch.empty(D, dtype=torch.float32, device=x.device)
     db = torch.empty(D, dtype=torch.float32, device=x.device)
-    _tri_backward_dx[(rows,)](dx, dy, x, w, mean, rstd, part_w, part_b, locks, D,
-                              GROUP=group, BLOCK=block, num_warps=warps)
-    _tri_backward_params[(triton.cdiv(D, 128),)](part_w, part_b, dw, db, group, D, BM=32, BN=128)
+    _tri_backward_dx[(rows,)](
+        dx,
+        dy,
+        x,
+        w,
+        mean,
+        rstd,
+        part_w,
+        part_b,
+        locks,
+        D,
+        GROUP=group,
+        BLOCK=block,
+        num_warps=warps,
+    )
+    _tri_backward_params[(triton.cdiv(D, 128),)](
+        part_w, part_b, dw, db, group, D, BM=32, BN=128
+    )
     return dx, dw, db
 
 
@@ -147,7 +187,8 @@ def torch_forward(x, w, b):
 
 def torch_backward(dy, x, w, mean, rstd):
     return torch.ops.aten.native_layer_norm_backward(
-        dy, x, [x.shape[-1]], mean, rstd, w, torch.zeros_like(w), [True, True, True])
+        dy, x, [x.shape[-1]], mean, rstd, w, torch.zeros_like(w), [True, True, True]
+    )
 
 
 # ------------------------------------------------------------------ timing
@@ -155,7 +196,8 @@ _SCRATCH = None
 
 
 def timed(fn, *args, flush: bool, repeat: int) -> dict:
-    """Median of CUDA-event timings after 3 warm-up calls, as lnorm.gpu.measure times."""
+    """Median of CUDA-event timings after 3 warm-up calls, as lnorm.gpu.measure times.
+    """
     global _SCRATCH
     if _SCRATCH is None:
         _SCRATCH = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
@@ -165,47 +207,84 @@ def timed(fn, *args, flush: bool, repeat: int) -> dict:
     for _ in range(repeat):
         if flush:
             _SCRATCH.fill_(1)
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start, stop = (
+            torch.cuda.Event(enable_timing=True),
+            torch.cuda.Event(enable_timing=True),
+        )
         start.record()
         fn(*args)
         stop.record()
         stop.synchronize()
         times.append(start.elapsed_time(stop) * 1e-3)
-    return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
-            "max_s": float(np.max(times)), "repeat": repeat, "l2_flushed": flush}
+    return {
+        "median_s": float(np.median(times)),
+        "min_s": float(np.min(times)),
+        "max_s": float(np.max(times)),
+        "repeat": repeat,
+        "l2_flushed": flush,
+    }
 
 
 def time_peers(repeat: int, shapes=SHAPES) -> list[dict]:
-    peers = {"torch": (torch_forward, torch_backward), "triton": (triton_forward, triton_backward)}
+    peers = {
+        "torch": (torch_forward, torch_backward),
+        "triton": (triton_forward, triton_backward),
+    }
     out = []
     for rows, D in shapes:
         for name, dtype in DTYPES.items():
-            np_dtype = "float16" if name == "bfloat16" else name  # for the byte count only
+            np_dtype = (
+                "float16" if name == "bfloat16" else name
+            )  # for the byte count only
             inp = make_inputs(rows, D, "float32")
-            x, w, b, dy = (torch.from_numpy(inp[k]).cuda().to(dtype) for k in ("x", "gamma", "beta", "dy"))
+            x, w, b, dy = (
+                torch.from_numpy(inp[k]).cuda().to(dtype)
+                for k in ("x", "gamma", "beta", "dy")
+            )
             for peer, (fwd, bwd) in peers.items():
                 try:
                     _, mean, rstd = fwd(x, w, b)
                 except ValueError as exc:
-                    out.append({"peer": peer, "rows": rows, "D": D, "dtype": name,
-                                "unsupported": str(exc)})
+                    out.append(
+                        {
+                            "peer": peer,
+                            "rows": rows,
+                            "D": D,
+                            "dtype": name,
+                            "unsupported": str(exc),
+                        }
+                    )
                     continue
-                for direction, fn, args in (("forward", fwd, (x, w, b)),
-                                            ("backward", bwd, (dy, x, w, mean, rstd))):
+                for direction, fn, args in (
+                    ("forward", fwd, (x, w, b)),
+                    ("backward", bwd, (dy, x, w, mean, rstd)),
+                ):
                     nbytes = _bytes(direction, rows, D, np_dtype)
                     t = timed(fn, *args, flush=nbytes < L2_FLUSH_BELOW, repeat=repeat)
-                    out.append({"peer": peer, "direction": direction, "rows": rows, "D": D,
-                                "dtype": name, "bytes": nbytes, **t,
-                                "bandwidth": nbytes / t["median_s"]})
+                    out.append(
+                        {
+                            "peer": peer,
+                            "direction": direction,
+                            "rows": rows,
+                            "D": D,
+                            "dtype": name,
+                            "bytes": nbytes,
+                            **t,
+                            "bandwidth": nbytes / t["median_s"],
+                        }
+                    )
             del x, w, b, dy
             torch.cuda.empty_cache()
     return out
 
 
 def peer_errors(rows: int = 64, D: int = 1024) -> dict:
-    """The Triton peer's errors against PyTorch in float64, to show it computes layer norm."""
+    """The Triton peer's errors against PyTorch in float64, to show it computes layer
+    norm."""
     inp = make_inputs(rows, D, "float32")
-    x, w, b, dy = (torch.from_numpy(inp[k]).cuda() for k in ("x", "gamma", "beta", "dy"))
+    x, w, b, dy = (
+        torch.from_numpy(inp[k]).cuda() for k in ("x", "gamma", "beta", "dy")
+    )
     y, mean, rstd = triton_forward(x, w, b)
     dx, dw, db = triton_backward(dy, x, w, mean, rstd)
     x64, w64, b64, dy64 = (t.double() for t in (x, w, b, dy))
@@ -215,20 +294,36 @@ def peer_errors(rows: int = 64, D: int = 1024) -> dict:
     def rel(a, r):
         return float((a.double() - r).abs().max() / r.abs().max())
 
-    return {"y": rel(y, y64), "dx": rel(dx, dx64), "dgamma": rel(dw, dw64), "dbeta": rel(db, db64)}
+    return {
+        "y": rel(y, y64),
+        "dx": rel(dx, dx64),
+        "dgamma": rel(dw, dw64),
+        "dbeta": rel(db, db64),
+    }
 
 
 def torch_reference(rows: int = 4, D: int = 16, seed: int = 7) -> dict:
-    """PyTorch's outputs on a small seeded input (lnorm.gpu.check.make_inputs), as lists."""
+    """PyTorch's outputs on a small seeded input (lnorm.gpu.check.make_inputs), as
+    lists."""
     inp = make_inputs(rows, D, "float64", seed=seed)
-    out = {"rows": rows, "D": D, "seed": seed, "eps": EPS,
-           "inputs": {k: v.tolist() for k, v in inp.items()}}
+    out = {
+        "rows": rows,
+        "D": D,
+        "seed": seed,
+        "eps": EPS,
+        "inputs": {k: v.tolist() for k, v in inp.items()},
+    }
     for name, dtype in (("float64", torch.float64), ("float32", torch.float32)):
-        x, w, b, dy = (torch.from_numpy(inp[k]).cuda().to(dtype) for k in ("x", "gamma", "beta", "dy"))
+        x, w, b, dy = (
+            torch.from_numpy(inp[k]).cuda().to(dtype)
+            for k in ("x", "gamma", "beta", "dy")
+        )
         y, mean, rstd = torch_forward(x, w, b)
         dx, dw, db = torch_backward(dy, x, w, mean, rstd)
-        out[name] = {k: v.double().cpu().numpy().tolist()
-                     for k, v in (("y", y), ("dx", dx), ("dgamma", dw), ("dbeta", db))}
+        out[name] = {
+            k: v.double().cpu().numpy().tolist()
+            for k, v in (("y", y), ("dx", dx), ("dgamma", dw), ("dbeta", db))
+        }
     return out
 
 

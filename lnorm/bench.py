@@ -28,6 +28,19 @@ order (seeded), so that noise from other processes falls on all of them
 alike; ratios are taken within a repetition and their median reported. BLAS
 threads are pinned (``--threads``, default 1: every rung and the copy run on
 one core) with threadpoolctl, and recorded.
+
+The cost chapter (``book/05_cost.md``) runs these measurements and reads them
+against :mod:`lnorm.cost`'s model. Timings depend on the machine and its
+load; nothing in these docstrings is a measurement.
+
+Examples
+--------
+>>> import numpy as np
+>>> from lnorm import bench
+>>> bench.IMPLEMENTATIONS
+('reference', 'tiled', 'fused')
+>>> bench.floor_bytes("forward", (2, 4), np.float32)  # x in; y, xhat, rstd out
+144
 """
 
 from __future__ import annotations
@@ -44,7 +57,14 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from .core import SUPPORTED_DTYPES, backward, backward_formula, forward, forward_formula, tile_rows
+from .core import (
+    SUPPORTED_DTYPES,
+    backward,
+    backward_formula,
+    forward,
+    forward_formula,
+    tile_rows,
+)
 from .cost import traffic
 from .validate import check_int
 
@@ -69,8 +89,11 @@ __all__ = [
     "main",
 ]
 
+#: Input shapes ``python -m lnorm.bench`` times by default.
 DEFAULT_SHAPES = ((8, 512, 1024), (32, 1024, 1024))
+#: The shape of ``--quick``.
 QUICK_SHAPES = ((8, 512, 1024),)
+#: The rungs of the ladder, slowest first.
 IMPLEMENTATIONS = ("reference", "tiled", "fused")
 EPS = 1e-5
 MIB = 2**20
@@ -82,12 +105,35 @@ MIB = 2**20
 # lnorm.core.forward_formula and backward_formula, so the "numpy" schedule of
 # the traffic model counts exactly what these two functions move.
 
-def reference_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = EPS):
-    """Layer norm as straightforward NumPy, in the input dtype.
+def reference_forward(
+    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = EPS
+):
+    r"""Run layer norm as straightforward NumPy, in the input dtype.
 
-    :func:`lnorm.core.forward_formula` on the rows of ``x``. Returns ``y`` and
-    ``(xhat, rstd)`` (2-D, ``rstd`` of shape ``(rows, 1)``) for
-    :func:`reference_backward`.
+    :func:`lnorm.core.forward_formula` on the rows of ``x``: one temporary
+    per operator, the code a tutorial writes (the ``reference`` rung).
+
+    Parameters
+    ----------
+    x : ndarray, shape (..., D)
+        Input; the operations run in its dtype (give the parameters the same).
+    gamma, beta : ndarray, shape (D,)
+        Scale and shift.
+    eps : float, default 1e-5
+        Added to the variance.
+
+    Returns
+    -------
+    y : ndarray, shape (rows, D)
+        The output, 2-D.
+    saved : tuple of ndarray
+        ``(xhat, rstd)``, ``xhat`` of shape ``(rows, D)`` and ``rstd`` of
+        shape ``(rows, 1)``, for :func:`reference_backward`.
+
+    See Also
+    --------
+    reference_backward : The backward from ``saved``.
+    lnorm.cost.numpy_program : The traffic of these operations.
 
     Examples
     --------
@@ -101,11 +147,32 @@ def reference_forward(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: f
 
 
 def reference_backward(dy: np.ndarray, saved, gamma: np.ndarray):
-    """The compact backward as straightforward NumPy, in the input dtype.
+    r"""Run the compact backward as straightforward NumPy, in the input dtype.
 
-    :func:`lnorm.core.backward_formula` on the rows of ``dy``, from the
-    ``(xhat, rstd)`` of :func:`reference_forward`. Returns ``dx`` (2-D),
-    ``dgamma``, ``dbeta``.
+    :func:`lnorm.core.backward_formula` on the rows of ``dy``:
+    ``dx = rstd * (g - mean(g) - xhat * mean(g * xhat))`` with
+    ``g = gamma * dy``, one temporary per operator.
+
+    Parameters
+    ----------
+    dy : ndarray, shape (..., D)
+        Upstream gradient.
+    saved : tuple of ndarray
+        The ``(xhat, rstd)`` of :func:`reference_forward`.
+    gamma : ndarray, shape (D,)
+        The scale.
+
+    Returns
+    -------
+    dx : ndarray, shape (rows, D)
+        Gradient with respect to ``x``, 2-D.
+    dgamma, dbeta : ndarray, shape (D,)
+        Gradients with respect to ``gamma`` and ``beta``.
+
+    See Also
+    --------
+    reference_forward : Makes ``saved``.
+    lnorm.backward : The library backward these are timed against.
 
     Examples
     --------
@@ -120,13 +187,35 @@ def reference_backward(dy: np.ndarray, saved, gamma: np.ndarray):
 
 def make_inputs(shape: Sequence[int], dtype, seed: int = 0, *,
                 loc: float = 0.5, scale: float = 2.0, param_scale: float = 0.3):
-    """Seeded ``x, gamma, beta, dy``: ``x`` and ``dy`` of ``shape``, the parameters ``(D,)``.
+    r"""Draw seeded inputs ``x, gamma, beta, dy`` for a benchmark or a test.
 
     Normal draws, in this order from ``numpy.random.default_rng(seed)``:
     ``x`` with mean ``loc`` and standard deviation ``scale`` (an offset the
     centring must remove), ``gamma`` with mean 1 and deviation
     ``param_scale``, ``beta`` with mean 0 and deviation ``param_scale``,
     ``dy`` standard; converted to ``dtype`` last.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Shape ``(..., D)`` of ``x`` and ``dy``.
+    dtype : dtype-like
+        Dtype of all four arrays.
+    seed : int, default 0
+        Seed of the generator.
+    loc, scale : float, default 0.5 and 2.0
+        Mean and standard deviation of ``x``.
+    param_scale : float, default 0.3
+        Standard deviation of ``gamma`` and ``beta``.
+
+    Returns
+    -------
+    x, gamma, beta, dy : ndarray
+        ``x`` and ``dy`` of ``shape``, ``gamma`` and ``beta`` of ``(D,)``.
+
+    See Also
+    --------
+    run : Times the ladder on these inputs.
 
     Examples
     --------
@@ -144,10 +233,33 @@ def make_inputs(shape: Sequence[int], dtype, seed: int = 0, *,
 
 
 def floor_bytes(direction: str, shape: Sequence[int], dtype) -> int:
-    """Bytes ``direction`` must move at the least: inputs read once, outputs written once.
+    r"""Count the bytes a pass must move at the least: inputs once, outputs once.
 
     The fused schedule of :func:`lnorm.cost.traffic`, with ``rstd`` in
-    float64 as :mod:`lnorm.core` keeps it.
+    float64 as :mod:`lnorm.core` keeps it, and no write-allocate.
+
+    Parameters
+    ----------
+    direction : {"forward", "backward"}
+        Which pass.
+    shape : sequence of int
+        Shape ``(..., D)`` of ``x``.
+    dtype : dtype-like
+        Dtype of ``x``.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError
+        An unknown ``direction`` (from :func:`lnorm.cost.traffic`).
+
+    See Also
+    --------
+    lnorm.cost.traffic : The model this reads.
+    copy_bandwidth : The bandwidth the floor divides by.
 
     Examples
     --------
@@ -157,15 +269,27 @@ def floor_bytes(direction: str, shape: Sequence[int], dtype) -> int:
     D = int(shape[-1])
     rows = int(np.prod(shape[:-1], dtype=np.int64))
     itemsize = np.dtype(dtype).itemsize
-    return traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize, stat_itemsize=8).bytes
+    t = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize, stat_itemsize=8)
+    return t.bytes
 
 
 # --- measuring --------------------------------------------------------------------
 
 def cache_sizes() -> dict[str, int]:
-    """Data-cache sizes in bytes per core (``{"L1": ..., "L2": ..., "L3": ...}``).
+    r"""Read the data-cache sizes of CPU 0 in bytes (``{"L1": ..., "L2": ...}``).
 
-    Read from Linux's sysfs; empty where that is not available.
+    Read from Linux's sysfs (``/sys/devices/system/cpu/cpu0/cache``);
+    instruction caches are left out.
+
+    Returns
+    -------
+    dict of str to int
+        Bytes per level; empty where sysfs is not available.
+
+    See Also
+    --------
+    copy_arrays : Sizes the copy yardstick from the last level.
+    machine : Records these with the measurements.
 
     Examples
     --------
@@ -202,13 +326,34 @@ def _page_aligned(nbytes: int) -> np.ndarray:
 
 
 def copy_arrays(min_bytes: int = 64 * MIB) -> tuple[np.ndarray, np.ndarray]:
-    """Source and destination of the copy yardstick: each ``max(4 x last-level cache, min_bytes)``.
+    r"""Allocate the source and destination of the copy yardstick.
+
+    Each is ``max(4 x last-level cache, min_bytes)`` long and starts on a
+    4 KiB page boundary; the source is filled with ones. Four times the
+    last-level cache is large enough that the copy measures main memory.
+
+    Parameters
+    ----------
+    min_bytes : int, default 64 MiB
+        The smallest size of each array.
+
+    Returns
+    -------
+    src, dst : ndarray, float64
+        Two arrays of the same size.
+
+    See Also
+    --------
+    copy_bandwidth : A copy of a given size, timed.
+    run : Times ``np.copyto(dst, src)`` in every repetition.
 
     Examples
     --------
     >>> src, dst = copy_arrays()
     >>> src.nbytes >= 4 * max(cache_sizes().values(), default=0)
     True
+    >>> src.nbytes == dst.nbytes, src.ctypes.data % 4096, dst.ctypes.data % 4096
+    (True, 0, 0)
     """
     nbytes = max(4 * max(cache_sizes().values(), default=0), min_bytes) // 8 * 8
     src, dst = _page_aligned(nbytes), _page_aligned(nbytes)
@@ -217,35 +362,71 @@ def copy_arrays(min_bytes: int = 64 * MIB) -> tuple[np.ndarray, np.ndarray]:
 
 
 def copy_bandwidth(nbytes: int, repeat: int = 5) -> float:
-    """Bytes read plus written per second by ``np.copyto`` of ``nbytes`` (median).
+    r"""Time ``np.copyto`` of ``nbytes``: bytes read plus written per second (median).
 
     Small sizes are copied many times per sample, so that an array which
     fits in a cache measures that cache's bandwidth.
 
+    Parameters
+    ----------
+    nbytes : int
+        Size of the array copied (rounded down to whole float64 elements,
+        at least one).
+    repeat : int, default 5
+        Timed samples; the median is returned.
+
+    Returns
+    -------
+    float
+        ``2 * nbytes * copies / seconds``, in bytes per second.
+
+    See Also
+    --------
+    copy_arrays : The arrays of the yardstick :func:`run` uses.
+    time_round_robin : The timer.
+
     Examples
     --------
-    >>> copy_bandwidth(2**16, repeat=1) > 1e8
-    True
+    >>> bw = copy_bandwidth(2**12, repeat=1)
+    >>> isinstance(bw, float), bw > 0
+    (True, True)
     """
     nbytes = max(8, nbytes // 8 * 8)
     src, dst = _page_aligned(nbytes), _page_aligned(nbytes)
     src[:] = 1.0
     inner = max(1, int(2**26 // src.nbytes))
-    times = time_round_robin({"copy": lambda: [np.copyto(dst, src) for _ in range(inner)]},
-                             repeat)["copy"]
+    copies = {"copy": lambda: [np.copyto(dst, src) for _ in range(inner)]}
+    times = time_round_robin(copies, repeat)["copy"]
     return 2.0 * src.nbytes * inner / float(np.median(times))
 
 
 def time_round_robin(
     calls: dict[object, Callable[[], object]], repeat: int, seed: int = 0
 ) -> dict[object, list[float]]:
-    """Seconds of every call of each callable, timed in turn in shuffled order.
+    r"""Time each callable once per repetition, in a shuffled order.
 
     After one warm-up call of each (it also compiles and pages in), every
     repetition calls each callable once, in an order shuffled by
     ``numpy.random.default_rng(seed)``, so that load from other processes
-    falls on all of them alike. Returns ``{key: [seconds of repetition 0,
-    1, ...]}``.
+    falls on all of them alike.
+
+    Parameters
+    ----------
+    calls : dict of key to callable
+        Zero-argument callables; their results are discarded.
+    repeat : int
+        Timed repetitions.
+    seed : int, default 0
+        Seeds the order.
+
+    Returns
+    -------
+    dict of key to list of float
+        ``{key: [seconds of repetition 0, 1, ...]}``.
+
+    See Also
+    --------
+    run : The ladder, timed this way with the copy among the calls.
 
     Examples
     --------
@@ -268,7 +449,7 @@ def time_round_robin(
 
 
 def _calls(shape, dtype, block_rows: int | None, seed: int):
-    """Zero-argument callables for every (implementation, direction); tiled block size."""
+    """Zero-argument callables for every (implementation, direction); tiled block."""
     x, gamma, beta, dy = make_inputs(shape, dtype, seed)
     D = shape[-1]
     br = tile_rows(D) if block_rows is None else block_rows
@@ -313,7 +494,24 @@ class _Progress:
 
 
 def machine(threads: int) -> dict:
-    """Where the numbers were measured: CPU, caches, library versions, BLAS threads.
+    r"""Describe where the numbers were measured: CPU, caches, versions, threads.
+
+    Parameters
+    ----------
+    threads : int
+        The BLAS threads the measurements ran with (recorded as given).
+
+    Returns
+    -------
+    dict
+        ``cpu`` (the model name from ``/proc/cpuinfo``, else the platform's),
+        ``cache_bytes`` (:func:`cache_sizes`), ``python``, ``numpy``,
+        ``numba``, ``blas`` (threadpoolctl's description of each BLAS
+        library) and ``blas_threads``.
+
+    See Also
+    --------
+    run : Puts this in its report.
 
     Examples
     --------
@@ -355,14 +553,19 @@ def run(
     seed: int = 0,
     progress: bool = True,
 ) -> dict:
-    """Measure the ladder; return a JSON-ready dict.
+    r"""Measure the ladder against the copy floor; return a JSON-ready dict.
+
+    Every repetition times the copy yardstick (:func:`copy_arrays`) and each
+    implementation of :data:`IMPLEMENTATIONS` in both directions, in a
+    shuffled order (:func:`time_round_robin`).
 
     Parameters
     ----------
     shapes : sequence of shapes
         Input shapes ``(..., D)``.
-    dtypes : sequence of dtype names
-    repeat : int
+    dtypes : sequence of dtype names, default ("float32",)
+        float16, float32 or float64.
+    repeat : int, default 7
         Timed repetitions of the round robin.
     block_rows : int, optional
         Rows per block of ``tiled`` (default ``tile_rows(D)``).
@@ -382,6 +585,19 @@ def run(
         the same repetitions, GB/s), ``gbs`` (floor bytes per median second),
         ``x_floor`` and ``speedup_vs_reference`` (medians over repetitions of
         the ratio within a repetition), and ``block_rows`` for ``tiled``.
+
+    Raises
+    ------
+    TypeError
+        ``repeat``, ``threads`` or ``seed`` not an integer.
+    ValueError
+        ``repeat`` or ``threads`` below 1, a negative ``seed``, or a dtype
+        that is not float16, float32 or float64.
+
+    See Also
+    --------
+    format_table : The report as text.
+    main : The command line around this.
 
     Examples
     --------
@@ -405,7 +621,8 @@ def run(
                 calls, br = _calls(shape, dt, block_rows, seed)
                 calls["copy"] = lambda: np.copyto(dst, src)
                 times = time_round_robin(calls, repeat, seed)
-                bw = 2.0 * src.nbytes / np.asarray(times.pop("copy"))  # B/s per repetition
+                # Copy bandwidth in B/s, one per repetition.
+                bw = 2.0 * src.nbytes / np.asarray(times.pop("copy"))
                 for (impl, direction), ts in times.items():
                     fb = floor_bytes(direction, shape, dt)
                     t = np.asarray(ts)
@@ -433,7 +650,35 @@ def run(
 
 def tile_sweep(shape: Sequence[int], dtype, block_rows: Sequence[int], repeat: int = 5,
                threads: int = 1) -> list[float]:
-    """Median seconds of the tiled backward for each ``block_rows``, timed in turn.
+    r"""Time the tiled backward for each ``block_rows``; return the medians.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Input shape ``(..., D)``.
+    dtype : dtype-like
+        Input dtype.
+    block_rows : sequence of int
+        The block sizes to time, in turn within each repetition.
+    repeat : int, default 5
+        Timed repetitions.
+    threads : int, default 1
+        BLAS threads while timing.
+
+    Returns
+    -------
+    list of float
+        Median seconds, one per entry of ``block_rows``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        A block size that :func:`lnorm.backward` refuses (not an integer
+        >= 1).
+
+    See Also
+    --------
+    lnorm.core.tile_rows : The block size the library picks.
 
     Examples
     --------
@@ -442,7 +687,9 @@ def tile_sweep(shape: Sequence[int], dtype, block_rows: Sequence[int], repeat: i
     """
     x, gamma, beta, dy = make_inputs(shape, dtype)
     _, cache = forward(x, gamma, beta)
-    calls = {br: (lambda br=br: backward(dy, cache, block_rows=br)) for br in block_rows}
+    calls = {
+        br: (lambda br=br: backward(dy, cache, block_rows=br)) for br in block_rows
+    }
     with threadpool_limits(limits=threads, user_api="blas"):
         times = time_round_robin(calls, repeat)
     return [float(np.median(times[br])) for br in block_rows]
@@ -450,10 +697,35 @@ def tile_sweep(shape: Sequence[int], dtype, block_rows: Sequence[int], repeat: i
 
 def size_sweep(D: int, rows: Sequence[int], dtype, direction: str = "backward",
                repeat: int = 3, threads: int = 1) -> dict[str, list[float]]:
-    """GB/s (floor bytes per median second) of each implementation at each row count.
+    r"""Time each implementation as the problem grows; return GB/s per size.
 
-    The problem grows through the caches into main memory, so the curves
-    show where each implementation falls off the cache cliff.
+    GB/s is floor bytes per median second. The problem grows through the
+    caches into main memory, so the curves show where each implementation
+    falls off the cache cliff.
+
+    Parameters
+    ----------
+    D : int
+        Row length.
+    rows : sequence of int
+        Row counts to time.
+    dtype : dtype-like
+        Input dtype.
+    direction : {"forward", "backward"}, default "backward"
+        Which pass.
+    repeat : int, default 3
+        Timed repetitions; small sizes run many calls per sample.
+    threads : int, default 1
+        BLAS threads while timing.
+
+    Returns
+    -------
+    dict of str to list of float
+        ``{implementation: [GB/s at each row count]}``.
+
+    See Also
+    --------
+    floor_bytes : The bytes in the numerator.
 
     Examples
     --------
@@ -468,7 +740,9 @@ def size_sweep(D: int, rows: Sequence[int], dtype, direction: str = "backward",
             calls = {impl: calls[impl, direction] for impl in IMPLEMENTATIONS}
             # Enough calls per sample that small sizes are not all timer noise.
             inner = max(1, min(200, int(2e6 // (n * D))))
-            batched = {k: (lambda f=f: [f() for _ in range(inner)]) for k, f in calls.items()}
+            batched = {
+                k: (lambda f=f: [f() for _ in range(inner)]) for k, f in calls.items()
+            }
             times = time_round_robin(batched, repeat)
             fb = floor_bytes(direction, (int(n), D), dtype)
             for impl in IMPLEMENTATIONS:
@@ -477,7 +751,24 @@ def size_sweep(D: int, rows: Sequence[int], dtype, direction: str = "backward",
 
 
 def peak_bytes(fn: Callable[[], object]) -> int:
-    """Peak bytes NumPy allocated while ``fn()`` ran (tracemalloc), its result included.
+    r"""Measure the peak bytes allocated while ``fn()`` ran, its result included.
+
+    Uses ``tracemalloc``, which sees NumPy's array allocations; the
+    count starts from what was allocated before the call.
+
+    Parameters
+    ----------
+    fn : callable
+        Called once, without arguments.
+
+    Returns
+    -------
+    int
+        Peak bytes above the starting point.
+
+    See Also
+    --------
+    lnorm.cost.cache_bytes : What the forward's cache holds, by the model.
 
     Examples
     --------
@@ -499,7 +790,40 @@ def peak_bytes(fn: Callable[[], object]) -> int:
 # --- reporting --------------------------------------------------------------------
 
 def format_table(report: dict) -> str:
-    """The report as a plain-text table, one line per measurement."""
+    r"""Format a report of :func:`run` as a plain-text table, one line per measurement.
+
+    Parameters
+    ----------
+    report : dict
+        As :func:`run` returns it (only the keys the table shows are read).
+
+    Returns
+    -------
+    str
+
+    See Also
+    --------
+    run : Makes the report.
+
+    Examples
+    --------
+    A report with made-up numbers:
+
+    >>> row = {"shape": [64, 1024], "dtype": "float32", "direction": "backward",
+    ...        "impl": "fused", "seconds": {"median": 0.002}, "gbs": 10.0,
+    ...        "copy_gbs": 20.0, "x_floor": 2.0, "speedup_vs_reference": 5.0}
+    >>> report = {"machine": {"cpu": "Some CPU", "blas_threads": 1}, "repeat": 7,
+    ...           "results": [row]}
+    >>> print(format_table(report))
+    Some CPU, 1 thread(s); 7 shuffled rounds
+    floor: bytes the op must move (inputs once, outputs once) / copy bandwidth
+    <BLANKLINE>
+               shape   dtype     pass      impl       ms   GB/s   copy xfloor  x ref
+          (64, 1024) float32 backward     fused    2.000   10.0   20.0   2.00   5.00
+    <BLANKLINE>
+    ms: median; GB/s: floor bytes / median time; copy: copy bandwidth (GB/s);
+    xfloor, x ref: medians over rounds of time / floor and reference / time.
+    """
     r0 = report["results"][0] if report["results"] else None
     lines = [
         f"{report['machine']['cpu']}, {report['machine']['blas_threads']} thread(s); "
@@ -539,12 +863,15 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", nargs="+", choices=("float16", "float32", "float64"),
                    help="dtypes to time (default: float32)")
     p.add_argument("--repeat", type=int, help="timed rounds (default 7, quick 5)")
-    p.add_argument("--block-rows", type=int, help="rows per block of tiled (default tile_rows(D))")
+    p.add_argument("--block-rows", type=int,
+                   help="rows per block of tiled (default tile_rows(D))")
     p.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed of inputs and order (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of inputs and order (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--quick", action="store_true",
-                   help="the shape " + ", ".join(str(s) for s in QUICK_SHAPES) + ", 5 rounds")
+                   help="the shape " + ", ".join(str(s) for s in QUICK_SHAPES)
+                   + ", 5 rounds")
     args = p.parse_args(argv)
     for name in ("repeat", "block_rows", "threads"):
         value = getattr(args, name)
@@ -559,7 +886,37 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Command-line entry point (``python -m lnorm.bench``)."""
+    r"""Run the command line ``python -m lnorm.bench``.
+
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        The arguments (default: ``sys.argv[1:]``); ``--help`` lists them.
+
+    Returns
+    -------
+    int
+        The exit status, 0.
+
+    Raises
+    ------
+    SystemExit
+        For ``--help`` and for invalid arguments (argparse's exit).
+
+    See Also
+    --------
+    run : What it measures.
+    format_table : What it prints (``--json``: the report itself).
+
+    Examples
+    --------
+    >>> import contextlib, io
+    >>> with contextlib.redirect_stdout(io.StringIO()) as out:
+    ...     status = main(["--shape", "4", "8", "--repeat", "1", "--json"])
+    >>> report = json.loads(out.getvalue())
+    >>> status, sorted(report), len(report["results"])
+    (0, ['copy_bytes', 'machine', 'repeat', 'results', 'seed'], 6)
+    """
     args = _parse(argv)
     shapes = args.shape or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
     dtypes = args.dtype or ("float32",)

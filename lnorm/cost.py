@@ -83,6 +83,19 @@ What the backward needs saved (``saved``)
     checkpointing, as in Chen et al., 2016). The forward writes only ``y``;
     the backward pays the forward's statistics again, FLOPs but, fused, no
     extra bytes beyond reading ``x`` instead of ``xhat``.
+
+The cost chapter (``book/05_cost.md``) builds this model step by step and
+sets it against measured times.
+
+Examples
+--------
+>>> from lnorm import cost
+>>> for schedule in cost.SCHEDULES:
+...     t = cost.traffic("backward", schedule, rows=1024, D=1024, itemsize=4)
+...     print(schedule, t.passes, round(t.per_element(), 1))
+numpy 18 72.0
+tiled 3 12.0
+fused 3 12.0
 """
 
 from __future__ import annotations
@@ -105,8 +118,11 @@ __all__ = [
     "cache_bytes",
 ]
 
+#: The two passes :func:`traffic` counts.
 DIRECTIONS = ("forward", "backward")
+#: The schedules of the module docstring, slowest first.
 SCHEDULES = ("numpy", "tiled", "fused")
+#: What the forward can keep for the backward (the module docstring's list).
 SAVED = ("xhat_rstd", "x_mean_rstd", "y_rstd", "x")
 
 # Every tensor name the programs use, by kind: "full" is (rows, D), "row" is
@@ -121,26 +137,46 @@ _IO = {
     ("forward", "x_mean_rstd"): (("x", "gamma", "beta"), ("y", "mean", "rstd")),
     ("forward", "y_rstd"): (("x", "gamma", "beta"), ("y", "rstd")),
     ("forward", "x"): (("x", "gamma", "beta"), ("y",)),
-    ("backward", "xhat_rstd"): (("dy", "xhat", "rstd", "gamma"), ("dx", "dgamma", "dbeta")),
-    ("backward", "x_mean_rstd"): (("dy", "x", "mean", "rstd", "gamma"), ("dx", "dgamma", "dbeta")),
-    ("backward", "y_rstd"): (("dy", "y", "rstd", "gamma", "beta"), ("dx", "dgamma", "dbeta")),
+    ("backward", "xhat_rstd"): (
+        ("dy", "xhat", "rstd", "gamma"), ("dx", "dgamma", "dbeta")
+    ),
+    ("backward", "x_mean_rstd"): (
+        ("dy", "x", "mean", "rstd", "gamma"), ("dx", "dgamma", "dbeta")
+    ),
+    ("backward", "y_rstd"): (
+        ("dy", "y", "rstd", "gamma", "beta"), ("dx", "dgamma", "dbeta")
+    ),
     ("backward", "x"): (("dy", "x", "gamma"), ("dx", "dgamma", "dbeta")),
 }
 
 
 @dataclass(frozen=True)
 class Step:
-    """One NumPy expression of the op-by-op program.
+    r"""One NumPy expression of the op-by-op program.
 
     Attributes
     ----------
     code : str
-        The expression, as NumPy code.
+        The expression, as NumPy code (a line of
+        :func:`lnorm.core.forward_formula` or
+        :func:`lnorm.core.backward_formula`, or a recovery or conversion step).
     reads, writes : tuple of str
         Tensor names it reads from and writes to memory. An operand used twice
         in one expression (``xc * xc``) is read once.
-    flops_full, flops_row : int
-        FLOPs per element of a full-size tensor and per row.
+    flops_full : int, default 1
+        FLOPs per element of a full-size tensor.
+    flops_row : int, default 0
+        FLOPs per row.
+
+    See Also
+    --------
+    numpy_program : The steps of a whole pass.
+
+    Examples
+    --------
+    >>> step = numpy_program("forward")[2]
+    >>> step.code, step.reads, step.writes
+    ('sq = xc * xc', ('xc',), ('sq',))
     """
 
     code: str
@@ -151,7 +187,9 @@ class Step:
 
 
 def _s(code, reads, writes, flops_full=1, flops_row=0) -> Step:
-    return Step(code, tuple(reads.split()), tuple(writes.split()), flops_full, flops_row)
+    return Step(
+        code, tuple(reads.split()), tuple(writes.split()), flops_full, flops_row
+    )
 
 
 # The forward, one temporary per operator: the lines of lnorm.core.forward_formula,
@@ -174,7 +212,10 @@ _BACKWARD = (
     _s("g = dy * gamma", "dy gamma", "g"),
     _s("dy_xhat = dy * xhat", "dy xhat", "dy_xhat"),
     _s("mean_g = g.sum(axis=-1, keepdims=True) / D", "g", "mean_g", 1, 1),
-    _s("mean_gxhat = (dy_xhat @ gamma)[..., None] / D", "dy_xhat gamma", "mean_gxhat", 2, 1),
+    _s(
+        "mean_gxhat = (dy_xhat @ gamma)[..., None] / D",
+        "dy_xhat gamma", "mean_gxhat", 2, 1,
+    ),
     _s("u = g - mean_g", "g mean_g", "u"),
     _s("t = xhat * mean_gxhat", "xhat mean_gxhat", "t"),
     _s("v = u - t", "u t", "v"),
@@ -208,16 +249,22 @@ def _check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
 def numpy_program(
     direction: str, saved: str = "xhat_rstd", *, upcast: bool = False
 ) -> tuple[Step, ...]:
-    """The op-by-op NumPy program whose traffic the ``"numpy"`` schedule counts.
+    r"""List the op-by-op NumPy program whose traffic the ``"numpy"`` schedule counts.
+
+    One :class:`Step` per full-size operation: the lines of
+    :func:`lnorm.core.forward_formula` for the forward; for the backward the
+    steps that recover ``xhat`` from what was saved, then the lines of
+    :func:`lnorm.core.backward_formula`.
 
     Parameters
     ----------
     direction : {"forward", "backward"}
-    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}
+        Which pass.
+    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}, default "xhat_rstd"
         What the forward saved; the backward first recovers ``xhat`` from it.
         The forward's op-by-op traffic does not depend on it (``xhat`` is a
         temporary of the forward either way; only what is kept alive differs).
-    upcast : bool
+    upcast : bool, default False
         Convert every full-size input to a working dtype first and every
         full-size output back at the end (``a.astype(...)``). With the
         float64 working dtype this is what :func:`lnorm.backward` with
@@ -229,6 +276,24 @@ def numpy_program(
     Returns
     -------
     tuple of Step
+        In program order.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``direction`` or ``saved``.
+
+    See Also
+    --------
+    traffic : Counts the bytes and FLOPs of these steps.
+
+    Examples
+    --------
+    >>> [st.code for st in numpy_program("backward", "x_mean_rstd")][:3]
+    ['xc = x - mean', 'xhat = xc * rstd', 'g = dy * gamma']
+    >>> steps = numpy_program("backward", upcast=True)
+    >>> steps[0].code, steps[-1].code
+    ('dy_w = dy.astype(work)', 'dx = dx_w.astype(dtype)')
     """
     direction = _check_choice(direction, "direction", DIRECTIONS)
     saved = _check_choice(saved, "saved", SAVED)
@@ -250,14 +315,18 @@ def numpy_program(
         )
         for st in body
     )
-    to_work = tuple(Step(f"{n}_w = {n}.astype(work)", (n,), (n + "_w",), 0) for n in full_in)
-    to_out = tuple(Step(f"{n} = {n}_w.astype(dtype)", (n + "_w",), (n,), 0) for n in full_out)
+    to_work = tuple(
+        Step(f"{n}_w = {n}.astype(work)", (n,), (n + "_w",), 0) for n in full_in
+    )
+    to_out = tuple(
+        Step(f"{n} = {n}_w.astype(dtype)", (n + "_w",), (n,), 0) for n in full_out
+    )
     return to_work + renamed + to_out
 
 
 @dataclass(frozen=True)
 class Traffic:
-    """FLOPs and main-memory bytes of one layer-norm pass.
+    r"""FLOPs and memory bytes of one layer-norm pass, as :func:`traffic` counts them.
 
     Attributes
     ----------
@@ -280,6 +349,16 @@ class Traffic:
         schedule it equals the main-memory traffic (every temporary streams
         through memory); for the tiled and fused schedules it is far larger
         than it, and it is what a tiled schedule's time is spent on.
+
+    See Also
+    --------
+    traffic : Builds it.
+
+    Examples
+    --------
+    >>> t = traffic("forward", "fused", rows=2, D=4, itemsize=4)
+    >>> t.bytes_read, t.bytes_written, t.bytes, t.passes
+    (64, 72, 136, 3)
     """
 
     flops: int
@@ -293,11 +372,46 @@ class Traffic:
 
     @property
     def bytes(self) -> int:
-        """Bytes moved to and from main memory: read, written and write-allocated."""
+        r"""Bytes moved to and from main memory: read, written and write-allocated.
+
+        Returns
+        -------
+        int
+            ``bytes_read + bytes_written + bytes_allocated``.
+
+        See Also
+        --------
+        per_element : The same per element of the input.
+
+        Examples
+        --------
+        >>> traffic("backward", "fused", rows=2, D=4, itemsize=4).bytes
+        152
+        """
         return self.bytes_read + self.bytes_written + self.bytes_allocated
 
     def per_element(self) -> float:
-        """Bytes moved per element of the ``(rows, D)`` input."""
+        r"""Bytes moved per element of the ``(rows, D)`` input.
+
+        Returns
+        -------
+        float
+            ``bytes / (rows * D)``.
+
+        Raises
+        ------
+        ValueError
+            ``rows * D == 0`` (a Traffic built by hand, or zero rows).
+
+        See Also
+        --------
+        bytes : The total.
+
+        Examples
+        --------
+        >>> traffic("backward", "numpy", rows=1024, D=1024, itemsize=4).per_element()
+        72.03515625
+        """
         n = self.rows * self.D
         if n == 0:
             raise ValueError(
@@ -308,7 +422,26 @@ class Traffic:
 
     @property
     def arithmetic_intensity(self) -> float:
-        """FLOPs per byte moved (``nan`` when nothing moves)."""
+        r"""FLOPs per byte moved (``nan`` when nothing moves).
+
+        The roofline's abscissa: far below a machine's FLOPs per byte of
+        bandwidth, the pass is memory-bound.
+
+        Returns
+        -------
+        float
+            ``flops / bytes``.
+
+        See Also
+        --------
+        bytes : The denominator.
+
+        Examples
+        --------
+        >>> t = traffic("backward", "fused", rows=1024, D=1024, itemsize=4)
+        >>> round(t.arithmetic_intensity, 2)
+        0.92
+        """
         return self.flops / self.bytes if self.bytes else math.nan
 
 
@@ -325,11 +458,12 @@ def traffic(
     block_rows: int | None = None,
     write_allocate: bool = False,
 ) -> Traffic:
-    """FLOPs and bytes of the forward or backward under one schedule.
+    r"""Count the FLOPs and bytes of the forward or backward under one schedule.
 
     Parameters
     ----------
     direction : {"forward", "backward"}
+        Which pass.
     schedule : {"numpy", "tiled", "fused"}
         See the module docstring.
     rows, D : int
@@ -361,6 +495,23 @@ def traffic(
     Returns
     -------
     Traffic
+        FLOPs, main-memory bytes, passes and cached bytes.
+
+    Raises
+    ------
+    TypeError
+        A size that is not an integer.
+    ValueError
+        An unknown ``direction``, ``schedule`` or ``saved``; ``rows < 0``;
+        ``D``, ``itemsize``, ``stat_itemsize``, ``work_itemsize`` or
+        ``block_rows`` below 1; ``block_rows`` with a schedule other than
+        ``"tiled"``.
+
+    See Also
+    --------
+    numpy_program : The steps the ``"numpy"`` schedule counts.
+    cache_bytes : What the forward keeps for the backward.
+    lnorm.bench.floor_bytes : The fused bytes the benchmark measures against.
 
     Notes
     -----
@@ -372,6 +523,17 @@ def traffic(
       of :func:`numpy_program` (18 passes for the backward from ``xhat``).
 
     The FLOPs are the same for all three.
+
+    Examples
+    --------
+    >>> kw = dict(rows=1024, D=1024, itemsize=4)
+    >>> op_by_op = traffic("backward", "numpy", **kw)
+    >>> fused = traffic("backward", "fused", **kw)
+    >>> op_by_op.passes, fused.passes, op_by_op.flops == fused.flops
+    (18, 3, True)
+    >>> wa = traffic("backward", "fused", write_allocate=True, **kw)
+    >>> wa.bytes_allocated == 1024 * 1024 * 4  # dx read once before it is written
+    True
     """
     direction = _check_choice(direction, "direction", DIRECTIONS)
     schedule = _check_choice(schedule, "schedule", SCHEDULES)
@@ -384,7 +546,9 @@ def traffic(
         work_itemsize = check_int(work_itemsize, "work_itemsize", 1)
     if block_rows is not None:
         if schedule != "tiled":
-            raise ValueError("block_rows applies to schedule='tiled' only; leave it None.")
+            raise ValueError(
+                "block_rows applies to schedule='tiled' only; leave it None."
+            )
         block_rows = check_int(block_rows, "block_rows", 1)
 
     n = rows * D
@@ -429,7 +593,8 @@ def traffic(
                 # also reads and rewrites its dgamma and dbeta partial sums.
                 params_in = [nm for nm in inputs if nm in _PARAM]
                 params_out = [nm for nm in outputs if nm in _PARAM]
-                bytes_read += extra_blocks * D * itemsize * (len(params_in) + len(params_out))
+                n_params = len(params_in) + len(params_out)
+                bytes_read += extra_blocks * D * itemsize * n_params
                 bytes_written += extra_blocks * D * itemsize * len(params_out)
         else:
             loop_itemsize = work_itemsize if upcast else itemsize
@@ -444,11 +609,14 @@ def traffic(
                 bytes_written += conversions * wide
                 passes += 2 * conversions
                 cached += conversions * (n * itemsize + wide)
-                full_writes = full_writes + full_in + full_writes  # wide copies written too
+                # The wide copies are written too.
+                full_writes = full_writes + full_in + full_writes
     allocated = 0
     if write_allocate:
         # One read of every full-size tensor a plain store writes to memory.
-        allocated = sum(size(nm) if schedule == "numpy" else n * itemsize for nm in full_writes)
+        allocated = sum(
+            size(nm) if schedule == "numpy" else n * itemsize for nm in full_writes
+        )
     return Traffic(flops, bytes_read, bytes_written, passes, rows, D, allocated, cached)
 
 
@@ -475,13 +643,16 @@ def cache_bytes(
     stat_itemsize: int = 4,
     kept_alive: Collection[str] = (),
 ) -> int:
-    """Bytes the forward's cache holds until the backward runs.
+    r"""Count the bytes the forward's cache holds until the backward runs.
 
     Parameters
     ----------
     saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}
-        ``xhat`` + ``rstd``; ``x`` + ``mean`` + ``rstd``; ``y`` + ``rstd``; ``x`` alone.
-    rows, D, itemsize, stat_itemsize : int
+        ``xhat`` + ``rstd``; ``x`` + ``mean`` + ``rstd``; ``y`` + ``rstd``;
+        ``x`` alone.
+    rows, D, itemsize : int
+        As in :func:`traffic`.
+    stat_itemsize : int, default 4
         As in :func:`traffic`.
     kept_alive : collection of {"x", "y"}
         Full-size tensors that stay alive until the backward anyway (``x`` in
@@ -495,6 +666,20 @@ def cache_bytes(
         plus ``rows * stat_itemsize`` per saved statistic. The parameters are
         held by the layer itself and not counted.
 
+    Raises
+    ------
+    TypeError
+        A size that is not an integer.
+    ValueError
+        An unknown ``saved``, a size out of range, or ``kept_alive`` naming
+        something other than ``"x"`` and ``"y"``.
+
+    See Also
+    --------
+    traffic : The bytes each choice moves.
+    lnorm.core.LayerNormCache : What :func:`lnorm.forward` keeps
+        (``"xhat_rstd"``).
+
     Notes
     -----
     ``"y_rstd"`` recovers ``xhat = (y - beta) / gamma``. The stored ``y``
@@ -504,6 +689,13 @@ def cache_bytes(
     (0/0) where ``gamma`` is exactly zero, which weight decay and pruning do
     produce. A library offering this variant must keep ``x`` (or ``xhat``)
     for such models.
+
+    Examples
+    --------
+    >>> [cache_bytes(s, rows=2, D=4, itemsize=4) for s in SAVED]
+    [40, 48, 40, 32]
+    >>> cache_bytes("x_mean_rstd", rows=2, D=4, itemsize=4, kept_alive={"x"})
+    16
     """
     saved = _check_choice(saved, "saved", SAVED)
     rows = check_int(rows, "rows", 0)
@@ -512,8 +704,11 @@ def cache_bytes(
     stat_itemsize = check_int(stat_itemsize, "stat_itemsize", 1)
     unknown = set(kept_alive) - {"x", "y"}
     if unknown:
-        raise ValueError(f"kept_alive may name 'x' and 'y' only; got {sorted(unknown)}.")
-    activation = {"xhat_rstd": "xhat", "x_mean_rstd": "x", "y_rstd": "y", "x": "x"}[saved]
+        raise ValueError(
+            f"kept_alive may name 'x' and 'y' only; got {sorted(unknown)}."
+        )
+    activations = {"xhat_rstd": "xhat", "x_mean_rstd": "x", "y_rstd": "y", "x": "x"}
+    activation = activations[saved]
     n_stats = {"xhat_rstd": 1, "x_mean_rstd": 2, "y_rstd": 1, "x": 0}[saved]
     held = 0 if activation in kept_alive else rows * D * itemsize
     return held + n_stats * rows * stat_itemsize

@@ -8,7 +8,7 @@ registers, and its outputs are written once while the row is still in the
 L1 cache. That is the schedule of the GPU kernels of the GPU chapter (one
 pass per row, both reductions in registers), on one CPU core.
 
-Per row of length ``D`` (a bar is the mean over the row):
+Per row of length ``D``:
 
 * forward: ``mean = sum(x) / D``, then ``var = sum((x - mean)**2) / D``
   over the row again (from cache), ``rstd = 1 / sqrt(var + eps)``, then
@@ -46,6 +46,9 @@ streaming store writes the line without reading it. For outputs that fit
 in the last-level cache plain stores are faster (the next reader finds
 them in cache), so streaming is used from :data:`STREAM_BYTES` of output
 on.
+
+The cost chapter (``book/05_cost.md``) measures these loops against the
+copy bandwidth and explains why each detail above matters.
 
 Examples
 --------
@@ -150,7 +153,9 @@ def _stream_vectors(typingctx, dst, dst_start, src, nvec):
         svec = builder.bitcast(sptr, vty.as_pointer())
         nontemporal = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
         with cgutils.for_range(builder, n) as loop:
-            v = builder.load(builder.gep(svec, [loop.index]), align=dty.dtype.bitwidth // 8)
+            v = builder.load(
+                builder.gep(svec, [loop.index]), align=dty.dtype.bitwidth // 8
+            )
             st = builder.store(v, builder.gep(dvec, [loop.index]), align=_VECTOR_BYTES)
             st.set_metadata("nontemporal", nontemporal)
         return context.get_dummy_value()
@@ -292,7 +297,7 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
 # --- the public functions ---------------------------------------------------------
 
 def _rows_for_loop(a: np.ndarray) -> np.ndarray:
-    """``a`` as C-ordered 2-D rows in a dtype Numba can loop over (float16 -> float32)."""
+    """``a`` as C-ordered 2-D rows in a dtype Numba loops over (float16 -> float32)."""
     dtype = _F32 if a.dtype == _F16 else a.dtype
     return np.ascontiguousarray(a.reshape(-1, a.shape[-1]), dtype=dtype)
 
@@ -302,32 +307,62 @@ def _streams(*outputs: np.ndarray) -> bool:
 
 
 def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCache]:
-    r"""Layer normalization over the last axis, fused: one compiled pass per row.
+    r"""Normalize each row over the last axis in one compiled pass per row.
 
     ``y = gamma * (x - mean) / sqrt(var + eps) + beta`` per row, as
     :func:`lnorm.core.forward`, with the same arguments, checks, results
-    (to float64 rounding) and cache.
+    (to float64 rounding) and cache. :func:`lnorm.forward` calls this unless
+    it is given ``block_rows``.
+
+    Per row: ``mean = sum(x) / D`` and ``var = sum((x - mean)**2) / D`` in
+    float64, ``rstd = 1 / sqrt(var + eps)``, then ``xhat = (x - mean) * rstd``
+    and ``y = gamma * xhat + beta`` in one sweep, rounded once to the dtype of
+    ``x``.
 
     Parameters
     ----------
     x : array_like, shape (..., D)
-        float16, float32 or float64. Not modified.
+        float16, float32 or float64; any number of leading dimensions,
+        including zero rows. Not modified.
     gamma, beta : array_like, shape (D,)
+        Scale and shift, floating. Not modified.
     eps : float, default 1e-5
         Finite and > 0.
 
     Returns
     -------
     y : ndarray, shape and dtype of ``x``
+        The output.
     cache : LayerNormCache
         ``xhat`` (dtype of ``x``), ``rstd`` (float64) and a copy of ``gamma``.
+
+    Raises
+    ------
+    TypeError
+        A non-floating input, or an ``eps`` that is not a real number.
+    ValueError
+        A 0-d ``x``, ``D = 0``, ``gamma``/``beta`` not of shape ``(D,)``,
+        ``eps`` not finite and > 0.
+
+    See Also
+    --------
+    backward : The fused gradients, from this cache.
+    lnorm.core.forward : The library entry point; NumPy blocks with
+        ``block_rows=``.
+    lnorm.core.forward_formula : The same arithmetic as plain NumPy.
+
+    Notes
+    -----
+    The first call in a fresh process loads (or compiles) the Numba loops.
+    Outputs of :data:`STREAM_BYTES` or more are written with streaming
+    stores.
 
     Examples
     --------
     >>> import numpy as np
     >>> y, cache = forward(np.array([[1.0, 3.0]]), np.ones(2), np.zeros(2), eps=1e-12)
-    >>> y
-    array([[-1.,  1.]])
+    >>> y, cache.rstd.dtype
+    (array([[-1.,  1.]]), dtype('float64'))
     """
     x = as_rows(x, "x")
     D = x.shape[-1]
@@ -350,13 +385,18 @@ def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCac
 
 
 def backward(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""Gradients of layer normalization, fused: one compiled pass per row.
+    r"""Compute the gradients of layer normalization in one compiled pass per row.
 
-    With ``g = gamma * dy`` and a bar for the mean over the row, as
+    With ``g = gamma * dy`` and ``mean`` the mean over the row, as
     :func:`lnorm.core.backward`::
 
         dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
         dgamma = sum over rows of dy * xhat,   dbeta = sum over rows of dy
+
+    A first sweep over the row accumulates ``sum(g)`` and ``sum(g * xhat)``
+    in float64 and adds ``dy * xhat`` and ``dy`` into the block's ``dgamma``
+    and ``dbeta``; a second sweep writes ``dx``. :func:`lnorm.backward`
+    calls this unless it is given ``block_rows``.
 
     Parameters
     ----------
@@ -368,9 +408,24 @@ def backward(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndar
     Returns
     -------
     dx : ndarray, shape and dtype of ``x``
+        Gradient with respect to ``x``.
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
         Summed in float64 per block of :data:`BLOCK_ROWS` rows, then over the
         blocks in order: the same bits on every call.
+
+    Raises
+    ------
+    TypeError
+        ``cache`` not a LayerNormCache, or a non-floating ``dy``.
+    ValueError
+        ``dy`` not of the shape of ``x``.
+
+    See Also
+    --------
+    forward : Makes the cache.
+    lnorm.core.backward : The library entry point; NumPy blocks with
+        ``block_rows=``.
+    lnorm.core.backward_formula : The same arithmetic as plain NumPy.
 
     Examples
     --------

@@ -21,6 +21,14 @@ Example, in a chapter::
 
 This module imports MyST-NB only when :func:`glue` is called, so ``lnorm``
 itself does not need the book's packages.
+
+Examples
+--------
+>>> from lnorm.prose import sci, table
+>>> str(sci(3.2e-7))
+'3.2 × 10⁻⁷'
+>>> table(["offset", "error"], [[1e4, 3.2e-7], [1e6, 4.1e-7]]).text()
+[['10⁴', '3.20 × 10⁻⁷'], ['10⁶', '4.10 × 10⁻⁷']]
 """
 
 from __future__ import annotations
@@ -41,6 +49,15 @@ class Sci:
     Built by :func:`sci`. Its Markdown form is inline math,
     ``$a \times 10^{k}$``; its plain-text form uses Unicode,
     ``a × 10ᵏ``, so a notebook output shows the same number readably.
+    A mantissa of exactly one is dropped (``10⁻⁵``, not ``1.0 × 10⁻⁵``);
+    numbers with ``k = 0``, zero, NaN and infinities print plainly.
+
+    Parameters
+    ----------
+    value : real number
+        The number; NumPy scalars are accepted, ``bool`` is not.
+    digits : int, default 2
+        Significant digits of the mantissa (>= 1).
 
     Attributes
     ----------
@@ -50,12 +67,37 @@ class Sci:
         The digits shown before ``× 10^k``, already rounded.
     exponent : int
         The power of ten ``k``.
+    digits : int
+        Significant digits of the mantissa.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a real number.
+    ValueError
+        ``digits`` is not an integer >= 1.
+
+    See Also
+    --------
+    sci : The function the chapters call.
+    glue : Hands a Sci to the prose.
+
+    Examples
+    --------
+    >>> n = Sci(-0.00031416, digits=3)
+    >>> n.mantissa, n.exponent, str(n), float(n)
+    ('-3.14', -4, '-3.14 × 10⁻⁴', -0.00031416)
+    >>> print(n._repr_markdown_())
+    $-3.14 \times 10^{-4}$
     """
 
     def __init__(self, value: float, digits: int = 2) -> None:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(f"sci: value must be a real number, got {type(value).__name__}")
-        if not isinstance(digits, numbers.Integral) or isinstance(digits, bool) or digits < 1:
+            raise TypeError(
+                f"sci: value must be a real number, got {type(value).__name__}"
+            )
+        if (not isinstance(digits, numbers.Integral) or isinstance(digits, bool)
+                or digits < 1):
             raise ValueError(f"sci: digits must be an integer >= 1, got {digits!r}")
         self.value = float(value)
         self.digits = int(digits)
@@ -79,7 +121,26 @@ class Sci:
         return self.mantissa, str(self.exponent)
 
     def latex(self) -> str:
-        """The number in TeX, without dollar signs: ``1.2 \\times 10^{-5}``."""
+        r"""Return the number in TeX, without dollar signs: ``1.2 \times 10^{-5}``.
+
+        Returns
+        -------
+        str
+            ``a \times 10^{k}``; ``10^{k}`` for a mantissa of one; the plain
+            mantissa for ``k = 0``; ``\mathrm{NaN}`` and ``\infty`` for
+            non-finite values.
+
+        See Also
+        --------
+        sci : Builds the number.
+
+        Examples
+        --------
+        >>> print(sci(0.000012345).latex(), sci(-1e-5).latex())
+        1.2 \times 10^{-5} -10^{-5}
+        >>> print(sci(float("-inf")).latex())
+        -\infty
+        """
         if math.isnan(self.value):
             return r"\mathrm{NaN}"
         if math.isinf(self.value):
@@ -98,7 +159,9 @@ class Sci:
         if exponent is None:
             return mantissa
         power = "10" + exponent.translate(_SUPERSCRIPT)
-        return f"{mantissa}{power}" if mantissa in ("", "-") else f"{mantissa} × {power}"
+        if mantissa in ("", "-"):
+            return f"{mantissa}{power}"
+        return f"{mantissa} × {power}"
 
     def __repr__(self) -> str:
         return str(self)
@@ -114,7 +177,7 @@ class Sci:
 
 
 def sci(value: float, digits: int = 2) -> Sci:
-    r"""Typeset ``value`` as a × 10^k with ``digits`` significant digits.
+    r"""Wrap ``value`` to be typeset as a × 10^k with ``digits`` significant digits.
 
     Parameters
     ----------
@@ -127,6 +190,18 @@ def sci(value: float, digits: int = 2) -> Sci:
     -------
     Sci
         Glue it with :func:`glue` and show it with ``{glue}`name```.
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a real number.
+    ValueError
+        ``digits`` is not an integer >= 1.
+
+    See Also
+    --------
+    Sci : The class, with its plain-text and TeX forms.
+    table : Formats very small and large numbers the same way.
 
     Examples
     --------
@@ -141,7 +216,7 @@ def sci(value: float, digits: int = 2) -> Sci:
 
 
 def glue(**values: object) -> None:
-    """Hand values to the prose of the page, without displaying them.
+    r"""Hand values to the prose of the page, without displaying them.
 
     Each keyword becomes a MyST-NB glue name. Call it in a cell tagged
     ``remove-cell``: the bookkeeping stays out of the reader's sight.
@@ -153,16 +228,33 @@ def glue(**values: object) -> None:
         that ``{glue:text}`name:.3g``` formats them; :class:`Sci` values are
         shown with ``{glue}`name```.
 
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    ModuleNotFoundError
+        MyST-NB is not installed (it comes with the book's requirements).
+
+    See Also
+    --------
+    sci : Numbers typeset as a × 10^k.
+    table : Measurements the prose does not quote.
+
     Examples
     --------
-    In a chapter (needs MyST-NB)::
+    In a chapter's ``remove-cell`` cell (outside a notebook nothing is
+    shown):
 
-        glue(eps=sci(1e-5), D=1024)
+    >>> import numpy as np
+    >>> glue(eps=sci(1e-5), D=np.int64(1024))
     """
     from myst_nb import glue as _myst_glue
 
     for name, value in values.items():
-        if isinstance(value, numbers.Number) and not isinstance(value, (bool, int, float)):
+        plain = isinstance(value, (bool, int, float))
+        if isinstance(value, numbers.Number) and not plain:
             # NumPy scalars: their repr ("np.float64(0.5)") would break the
             # format spec of a glue:text role.
             value = value.item() if hasattr(value, "item") else float(value)
@@ -170,7 +262,8 @@ def glue(**values: object) -> None:
 
 
 def _cell(value: object, digits: int) -> str:
-    if isinstance(value, Sci) or isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if (isinstance(value, Sci) or isinstance(value, bool)
+            or not isinstance(value, numbers.Real)):
         return str(value)
     if isinstance(value, numbers.Integral):
         return f"{int(value):,}"
@@ -189,23 +282,79 @@ def _fixed(v: float, digits: int) -> str:
 
 
 class Table:
-    """A collapsed table of measurements: HTML, readable on the site and in JupyterLab."""
+    r"""A collapsed table of measurements, in HTML for the site and JupyterLab.
+
+    Built by :func:`table`, which has the same parameters. In a notebook it
+    shows as a ``<details>`` element whose summary line is ``title``; its
+    ``repr`` is a plain-text table.
+
+    Parameters
+    ----------
+    columns : sequence of str
+        Column headings, with units.
+    rows : iterable of sequences
+        One sequence of cells per row, as long as ``columns``.
+    title : str, default "Measurements"
+        The line the reader clicks to open the table.
+    digits : int, default 3
+        Significant digits of numbers.
+    open : bool, default False
+        Show the table open instead of collapsed.
+
+    Raises
+    ------
+    ValueError
+        A row whose length differs from the number of columns.
+
+    See Also
+    --------
+    table : The function the chapters call.
+
+    Examples
+    --------
+    >>> t = Table(["D", "ratio"], [[64, 1.5], [128, 2.25]], title="Ratios")
+    >>> t.columns, t.text()
+    (['D', 'ratio'], [['64', '1.50'], ['128', '2.25']])
+    >>> t._repr_html_().startswith('<details class="lnorm-table"><summary>Ratios')
+    True
+    """
 
     def __init__(self, columns: Sequence[str], rows: Iterable[Sequence[object]],
-                 title: str = "Measurements", digits: int = 3, open: bool = False) -> None:
+                 title: str = "Measurements", digits: int = 3,
+                 open: bool = False) -> None:
         self.columns = [str(c) for c in columns]
         self.rows = [list(r) for r in rows]
         for r in self.rows:
             if len(r) != len(self.columns):
                 raise ValueError(
-                    f"table: a row has {len(r)} cells, but there are {len(self.columns)} columns"
+                    f"table: a row has {len(r)} cells, "
+                    f"but there are {len(self.columns)} columns"
                 )
         self.title = title
         self.digits = digits
         self.open = open
 
     def text(self) -> list[list[str]]:
-        """The cells as the reader sees them."""
+        r"""Return the cells as the reader sees them.
+
+        Integers with thousands separators; other numbers with ``digits``
+        significant digits, as a × 10^k (Unicode) outside
+        ``0.01 <= |v| < 1e4``; anything else as ``str``.
+
+        Returns
+        -------
+        list of list of str
+            One list per row.
+
+        See Also
+        --------
+        sci : The a × 10^k form.
+
+        Examples
+        --------
+        >>> table(["n", "t"], [[12345, 0.000123], ["-", float("nan")]]).text()
+        [['12,345', '1.23 × 10⁻⁴'], ['-', 'nan']]
+        """
         return [[_cell(v, self.digits) for v in r] for r in self.rows]
 
     def _repr_html_(self) -> str:
@@ -216,22 +365,28 @@ class Table:
         )
         state = " open" if self.open else ""
         return (
-            f'<details class="lnorm-table"{state}><summary>{html.escape(self.title)}</summary>'
+            f'<details class="lnorm-table"{state}>'
+            f"<summary>{html.escape(self.title)}</summary>"
             f'<table class="table"><thead><tr>{head}</tr></thead>'
             f"<tbody>{body}</tbody></table></details>"
         )
 
     def __repr__(self) -> str:
-        widths = [max(len(c), *(len(r[i]) for r in self.text())) if self.rows else len(c)
-                  for i, c in enumerate(self.columns)]
-        lines = [self.title, "  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
+        widths = [
+            max(len(c), *(len(r[i]) for r in self.text())) if self.rows else len(c)
+            for i, c in enumerate(self.columns)
+        ]
+        lines = [
+            self.title, "  ".join(c.ljust(w) for c, w in zip(self.columns, widths))
+        ]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in self.text()]
         return "\n".join(lines)
 
 
 def table(columns: Sequence[str], rows: Iterable[Sequence[object]],
-          title: str = "Measurements", digits: int = 3, open: bool = False) -> Table:
-    """The book's one table idiom: measurements in a table collapsed under ``title``.
+          title: str = "Measurements", digits: int = 3,
+          open: bool = False) -> Table:
+    r"""Make the book's one table: measurements collapsed under ``title``.
 
     Return it as the last value of a cell tagged ``remove-input``. Numbers are
     printed with ``digits`` significant digits; very small or large ones as
@@ -249,6 +404,21 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]],
         Significant digits of numbers.
     open : bool, default False
         Show the table open instead of collapsed.
+
+    Returns
+    -------
+    Table
+        Shown as HTML by the notebook; :meth:`Table.text` gives the cells.
+
+    Raises
+    ------
+    ValueError
+        A row whose length differs from the number of columns.
+
+    See Also
+    --------
+    Table : The class, with its HTML and plain-text forms.
+    glue : For the numbers the prose quotes instead.
 
     Examples
     --------

@@ -1,48 +1,42 @@
-"""Layer normalization in SymPy: the Jacobian for a concrete D, its closed form, the VJP.
+r"""Layer normalization in SymPy: the Jacobian for a given D, its closed form, the VJP.
 
-For one row ``x = (x_1, ..., x_D)`` the forward is written as SymPy
-expressions in the symbols ``x_i``, ``gamma_i``, ``beta_i`` and ``epsilon``:
+For one row ``x = (x_1, ..., x_D)`` the forward is written as SymPy expressions
+in the real symbols ``x_i``, ``gamma_i``, ``beta_i`` and the positive ``epsilon``::
 
-.. math::
+    mu   = sum(x) / D             var  = sum((x - mu)**2) / D
+    rstd = 1 / sqrt(var + eps)    xhat = (x - mu) * rstd
+    y    = gamma * xhat + beta
 
-    \\mu = \\frac1D \\sum_k x_k, \\qquad
-    \\sigma^2 = \\frac1D \\sum_k (x_k - \\mu)^2, \\qquad
-    \\mathrm{rstd} = (\\sigma^2 + \\varepsilon)^{-1/2},
+SymPy differentiates these expressions (``Matrix.jacobian``) with no knowledge
+of the closed forms; :func:`prove` then shows that the result equals what the
+book derives by hand::
 
-    \\hat x_i = (x_i - \\mu)\\,\\mathrm{rstd}, \\qquad y_i = \\gamma_i \\hat x_i + \\beta_i .
-
-SymPy differentiates these expressions (``Matrix.jacobian``), with no
-knowledge of the closed forms; :func:`prove` then shows that the
-result equals what the book derives by hand:
-
-.. math::
-
-    \\frac{\\partial \\hat x}{\\partial x}
-        = \\mathrm{rstd}\\,\\Bigl(I - \\frac{\\mathbf 1\\mathbf 1^\\top}{D}
-          - \\frac{\\hat x \\hat x^\\top}{D}\\Bigr), \\qquad
-    \\frac{\\partial y}{\\partial x} = \\operatorname{diag}(\\gamma)\\,
-        \\frac{\\partial \\hat x}{\\partial x}.
+    d xhat / dx = rstd * (I - 1 1^T / D - xhat xhat^T / D)
+    dy / dx     = diag(gamma) * d xhat / dx
 
 How the proofs stay fast
 ------------------------
 Every entry of these Jacobians is a polynomial in ``x`` times a power of
-``sigma^2 + epsilon``. Asking ``sympy.simplify`` to cancel square roots of a
-sum of squares is slow and not guaranteed. Instead, each residual is written
-in the variables ``(x, s)`` with ``s = sigma^2(x) + epsilon``, i.e. ``epsilon``
-is replaced by ``s - sigma^2(x)``. For fixed ``x`` this is a one-to-one change
-of variable (``epsilon > 0`` if and only if ``s > sigma^2(x)``), so a residual
-is zero for all ``(x, epsilon)`` with ``epsilon > 0`` exactly when it is zero
-for all ``(x, s)`` with ``s > sigma^2(x)``. In the new variables every square
-root is a power of the single positive symbol ``s``, and ``sympy.expand``
-decides whether the residual is zero: a sum of monomials in ``x_i``,
-``gamma_i`` and powers of ``s`` is zero exactly when every coefficient
-cancels, and then it is zero for every ``s > 0``, those above ``sigma^2(x)``
-included. Each proof is for one concrete ``D``; the book runs D = 2..6.
+``var + eps``. Instead of asking ``sympy.simplify`` to cancel square roots,
+each residual is rewritten in ``(x, s)`` with ``s = var(x) + eps``, i.e.
+``eps = s - var(x)``: for fixed ``x`` a one-to-one change of variable
+(``eps > 0`` exactly when ``s > var(x)``). Every square root is then a power of
+the single positive symbol ``s``, and ``sympy.expand`` decides whether the
+residual is zero: a sum of monomials in ``x_i``, ``gamma_i`` and powers of ``s``
+is zero exactly when every coefficient cancels. Each proof is for one concrete
+``D``; the book runs D = 2..6. The derivation itself is chapter 2, Deriving
+the backward.
 
-The NumPy half (:func:`jacobian_numpy`, :func:`backward_via_jacobian`)
-builds the dense D x D Jacobian of every row from the closed form: the
-*naive* backward, O(D^2) per row, against which the compact
-:func:`lnorm.backward` (O(D) per row) is measured and checked.
+The NumPy half (:func:`jacobian_numpy`, :func:`backward_via_jacobian`) builds
+the dense D x D Jacobian of every row from the closed form: the *naive*
+backward, O(D**2) per row, against which the compact :func:`lnorm.backward`
+(O(D) per row) is measured and checked.
+
+Examples
+--------
+>>> from lnorm import symbolic
+>>> symbolic.prove(3, "closed_form")
+True
 """
 
 from __future__ import annotations
@@ -91,20 +85,29 @@ EVAL_DIGITS = 30
 
 @dataclass(frozen=True)
 class LayerNormSymbols:
-    """The symbols of one row of layer normalization.
+    r"""The symbols of one row of layer normalization.
 
-    Attributes
+    Parameters
     ----------
     D : int
         Row length.
     x, gamma, beta, dy : sympy.Matrix, shape (D, 1)
-        Real symbols ``x_i``, ``gamma_i``, ``beta_i`` and the upstream
-        gradient ``dy_i`` (named ``dy_i`` in LaTeX as ``dy_{i}``).
+        Real symbols ``x_i``, ``gamma_i``, ``beta_i`` and the upstream gradient
+        ``dy_i``.
     eps : sympy.Symbol
         The positive symbol ``epsilon``.
     s : sympy.Symbol
-        The positive symbol ``s`` that stands for ``sigma^2 + epsilon`` in the
-        proofs (see the module docstring).
+        The positive symbol ``s`` that stands for ``var + epsilon`` in the proofs
+        (see the module docstring).
+
+    See Also
+    --------
+    symbols : Builds them.
+
+    Examples
+    --------
+    >>> symbols(2).x.T
+    Matrix([[x_1, x_2]])
     """
 
     D: int
@@ -118,16 +121,25 @@ class LayerNormSymbols:
 
 @dataclass(frozen=True)
 class ForwardExprs:
-    """The forward of one row as SymPy expressions in ``x`` and ``epsilon``.
+    r"""The forward of one row as SymPy expressions in ``x`` and ``epsilon``.
 
-    Attributes
+    Parameters
     ----------
     sym : LayerNormSymbols
         The symbols the expressions are written in.
     mu, var, rstd : sympy.Expr
-        Mean, biased variance and ``1/sqrt(var + epsilon)``.
+        Mean, biased variance and ``1 / sqrt(var + epsilon)``.
     xhat, y : sympy.Matrix, shape (D, 1)
         ``(x - mu) * rstd`` and ``gamma * xhat + beta``.
+
+    See Also
+    --------
+    forward_exprs : Builds them.
+
+    Examples
+    --------
+    >>> forward_exprs(2).mu
+    x_1/2 + x_2/2
     """
 
     sym: LayerNormSymbols
@@ -147,18 +159,35 @@ def _column(name: str, D: int, **assumptions) -> sp.Matrix:
 
 
 def symbols(D: int) -> LayerNormSymbols:
-    """Symbols ``x_1..x_D``, ``gamma_1..gamma_D``, ``beta_1..beta_D``, ``dy_1..dy_D``, ``epsilon``.
+    r"""The symbols ``x_i``, ``gamma_i``, ``beta_i``, ``dy_i`` (i = 1..D), ``epsilon``.
 
     Parameters
     ----------
     D : int
-        Row length, >= 1. The proofs are meant for small D (2 to 6): the
-        Jacobian has D^2 entries, each a sum over the row.
+        Row length, >= 1. The proofs are meant for small D (2 to 6): the Jacobian
+        has D**2 entries, each a sum over the row.
 
     Returns
     -------
     LayerNormSymbols
         All real; ``epsilon`` and ``s`` positive.
+
+    Raises
+    ------
+    TypeError
+        If ``D`` is not an integer.
+    ValueError
+        If ``D < 1``.
+
+    See Also
+    --------
+    forward_exprs
+
+    Examples
+    --------
+    >>> sym = symbols(3)
+    >>> sym.gamma.T, sym.eps.is_positive
+    (Matrix([[gamma_1, gamma_2, gamma_3]]), True)
     """
     D = _check_D(D)
     return LayerNormSymbols(
@@ -173,17 +202,37 @@ def symbols(D: int) -> LayerNormSymbols:
 
 
 def forward_exprs(D: int) -> ForwardExprs:
-    """The forward of one row, as explicit SymPy expressions in ``x`` and ``epsilon``.
+    r"""The forward of one row, as explicit SymPy expressions in ``x`` and ``epsilon``.
 
-    .. math::
+    ``mu = sum(x) / D``, ``var = sum((x - mu)**2) / D``,
+    ``rstd = 1 / sqrt(var + eps)``, ``xhat = (x - mu) * rstd``,
+    ``y = gamma * xhat + beta``. Nothing is an opaque symbol: ``mu`` and ``var``
+    are written out in the ``x_i``, so differentiating ``y`` follows every path
+    the chain rule has.
 
-        \\mu = \\tfrac1D \\textstyle\\sum_k x_k,\\quad
-        \\sigma^2 = \\tfrac1D \\textstyle\\sum_k (x_k-\\mu)^2,\\quad
-        \\mathrm{rstd} = (\\sigma^2+\\varepsilon)^{-1/2},\\quad
-        \\hat x = (x - \\mu)\\,\\mathrm{rstd},\\quad y = \\gamma\\odot\\hat x + \\beta .
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
 
-    Nothing is an opaque symbol: ``mu`` and ``var`` are written out in the
-    ``x_i``, so differentiating ``y`` follows every path the chain rule has.
+    Returns
+    -------
+    ForwardExprs
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``D`` is not an integer >= 1.
+
+    See Also
+    --------
+    jacobian, vjp
+
+    Examples
+    --------
+    >>> f = forward_exprs(2)
+    >>> f.rstd.subs({f.sym.x[0]: 1, f.sym.x[1]: 3, f.sym.eps: 0})
+    1
     """
     sym = symbols(D)
     mu = sum(sym.x) / sym.D
@@ -195,33 +244,105 @@ def forward_exprs(D: int) -> ForwardExprs:
 
 
 def jacobian(D: int) -> sp.Matrix:
-    """The full Jacobian ``dy/dx`` (D x D), by ``sympy.Matrix.jacobian``.
+    r"""The full Jacobian ``dy/dx`` (D x D), by ``sympy.Matrix.jacobian``.
 
-    Entry ``(i, j)`` is ``d y_i / d x_j``, an explicit expression in ``x``,
-    ``gamma`` and ``epsilon``; no simplification is applied.
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
+
+    Returns
+    -------
+    sympy.Matrix, shape (D, D)
+        Entry ``(i, j)`` is ``d y_i / d x_j``, an explicit expression in ``x``,
+        ``gamma`` and ``epsilon``; no simplification is applied.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``D`` is not an integer >= 1.
+
+    See Also
+    --------
+    normalization_jacobian, compact_jacobian, prove
+
+    Examples
+    --------
+    >>> jacobian(3).shape
+    (3, 3)
     """
     f = forward_exprs(D)
     return f.y.jacobian(f.sym.x)
 
 
 def normalization_jacobian(D: int) -> sp.Matrix:
-    """The Jacobian of the normalization alone, ``d xhat / dx`` (D x D), by ``Matrix.jacobian``."""
+    r"""The Jacobian of the normalization alone, ``d xhat / dx`` (D x D).
+
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
+
+    Returns
+    -------
+    sympy.Matrix, shape (D, D)
+        By ``Matrix.jacobian``, unsimplified.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``D`` is not an integer >= 1.
+
+    See Also
+    --------
+    jacobian, residuals
+
+    Examples
+    --------
+    >>> N = normalization_jacobian(2)
+    >>> is_identically_zero(N - N.T, forward_exprs(2))
+    True
+    """
     f = forward_exprs(D)
     return f.xhat.jacobian(f.sym.x)
 
 
 def _closed_form(gamma: sp.Matrix, rstd: sp.Expr, xhat: sp.Matrix) -> sp.Matrix:
-    """``diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)``, in whatever ``rstd`` and ``xhat`` are."""
+    """``diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)``, in any ``rstd``, ``xhat``."""
     D = xhat.shape[0]
     centering = sp.eye(D) - sp.ones(D, D) / D
     return sp.diag(*gamma) * rstd * (centering - xhat * xhat.T / D)
 
 
 def compact_jacobian(D: int) -> sp.Matrix:
-    """The closed form of ``dy/dx`` with ``rstd`` and ``xhat_1..xhat_D`` as plain symbols (for display).
+    r"""The closed form of ``dy/dx`` with ``rstd`` and ``xhat_i`` as plain symbols.
 
-    Printed with ``sympy.latex`` it shows the structure the book derives:
-    entry ``(i, j)`` is ``gamma_i rstd (delta_ij - 1/D - xhat_i xhat_j / D)``.
+    For display: entry ``(i, j)`` is
+    ``gamma_i * rstd * (delta_ij - 1/D - xhat_i * xhat_j / D)``, the structure
+    chapter 2 derives.
+
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
+
+    Returns
+    -------
+    sympy.Matrix, shape (D, D)
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``D`` is not an integer >= 1.
+
+    See Also
+    --------
+    jacobian, latex
+
+    Examples
+    --------
+    >>> compact_jacobian(2)[0, 1]
+    gamma_1*rstd*(-xhat_1*xhat_2/2 - 1/2)
     """
     sym = symbols(D)
     rstd = sp.Symbol("rstd", positive=True)
@@ -229,25 +350,44 @@ def compact_jacobian(D: int) -> sp.Matrix:
     return _closed_form(sym.gamma, rstd, xhat)
 
 
-def in_x_and_s(expr: sp.Basic | sp.MatrixBase, f: ForwardExprs) -> sp.Basic | sp.MatrixBase:
-    """Rewrite ``expr`` with ``epsilon = s - var(x)``: every square root becomes a power of ``s``.
+def in_x_and_s(expr: sp.Basic | sp.MatrixBase,
+               f: ForwardExprs) -> sp.Basic | sp.MatrixBase:
+    r"""Rewrite ``expr`` with ``epsilon = s - var(x)``: roots become powers of ``s``.
 
     Parameters
     ----------
     expr : sympy.Expr or sympy.Matrix
         Built from the expressions of ``f``.
     f : ForwardExprs
+        The forward ``expr`` was built from; ``s`` is ``f.sym.s``.
 
     Returns
     -------
-    The same object type, in ``x`` and the positive symbol ``s = var(x) + epsilon``
-    (``f.sym.s``); no other change, so it prints the unsimplified structure.
+    sympy.Expr or sympy.Matrix
+        The same type, in ``x`` and the positive symbol ``s = var(x) + epsilon``;
+        no other change, so it prints the unsimplified structure.
+
+    See Also
+    --------
+    is_identically_zero
+
+    Examples
+    --------
+    >>> f = forward_exprs(2)
+    >>> in_x_and_s(f.rstd, f)
+    1/sqrt(s)
     """
     return expr.xreplace({f.sym.eps: f.sym.s - f.var})
 
 
 def is_identically_zero(expr: sp.Basic | sp.MatrixBase, f: ForwardExprs) -> bool:
-    """Decide whether an expression (or matrix) in ``x``, ``gamma``, ``dy``, ``epsilon`` is zero.
+    r"""Decide whether an expression (or matrix) of a layer-norm row is identically 0.
+
+    Every entry is rewritten in ``(x, s)`` with ``s = var(x) + epsilon``
+    (:func:`in_x_and_s`) and expanded. For the polynomials in ``x`` times powers
+    of ``s`` that these residuals are, ``expand`` is a canonical form: all
+    zeros prove the identity for all real ``x``, ``gamma``, ``dy`` and all
+    ``epsilon > 0``; surviving terms disprove it.
 
     Parameters
     ----------
@@ -259,13 +399,16 @@ def is_identically_zero(expr: sp.Basic | sp.MatrixBase, f: ForwardExprs) -> bool
     Returns
     -------
     bool
-        True when every entry, rewritten in ``(x, s)`` with
-        ``s = var(x) + epsilon`` and expanded, is the number 0. This is a
-        proof for all real ``x``, ``gamma``, ``dy`` and all ``epsilon > 0``
-        (see the module docstring for why the change of variable is valid).
-        False when terms survive the expansion: for the polynomials in ``x``
-        times powers of ``s`` that these residuals are, ``expand`` is a
-        canonical form, so surviving terms disprove the identity.
+
+    See Also
+    --------
+    prove, residuals
+
+    Examples
+    --------
+    >>> f = forward_exprs(2)
+    >>> is_identically_zero(sum(f.xhat), f), is_identically_zero(f.xhat[0], f)
+    (True, False)
     """
     return all(e == 0 for e in _expanded(expr, f))
 
@@ -275,7 +418,8 @@ def _expanded(expr, f: ForwardExprs) -> sp.Matrix:
     return in_x_and_s(M, f).applyfunc(sp.expand)
 
 
-#: The identities the book proves (see :func:`residuals`), in the order it proves them.
+#: The identities the book proves (see :func:`residuals`), in the order it proves
+#: them.
 IDENTITIES = ("closed_form", "symmetric", "shift", "scale", "compact_vjp", "mean_path")
 
 
@@ -311,73 +455,154 @@ def _residual(f: ForwardExprs, name: str) -> sp.Matrix:
 
 
 def residuals(D: int) -> dict[str, sp.Matrix]:
-    """Every identity the book proves, as a residual that must simplify to zero.
+    r"""Every identity the book proves, as a residual that must simplify to zero.
 
     With ``J = dy/dx`` and ``N = d xhat / dx`` computed by SymPy:
 
-    * ``"closed_form"``: ``J - diag(gamma) rstd (I - 11^T/D - xhat xhat^T/D)``,
-    * ``"symmetric"``: ``N - N^T``,
-    * ``"shift"``: ``N 1`` (adding a constant to a row changes nothing),
-    * ``"scale"``: ``N xhat - rstd * eps / (var + eps) * xhat``; with
-      ``eps = 0`` the scale direction ``xhat`` would be in the null space,
-      with ``eps > 0`` it is an eigenvector with the small eigenvalue
-      ``rstd * eps / (var + eps)``,
+    * ``"closed_form"``: ``J - diag(gamma) rstd (I - 1 1^T/D - xhat xhat^T/D)``;
+    * ``"symmetric"``: ``N - N^T``;
+    * ``"shift"``: ``N 1`` (adding a constant to a row changes nothing);
+    * ``"scale"``: ``N xhat - rstd * eps / (var + eps) * xhat``: with
+      ``eps > 0`` the scale direction ``xhat`` is an eigenvector with the small
+      eigenvalue ``rstd * eps / (var + eps)``, not in the null space;
     * ``"compact_vjp"``: ``J^T dy - rstd (g - mean(g) - xhat mean(g xhat))``
-      with ``g = gamma * dy``,
+      with ``g = gamma * dy``;
     * ``"mean_path"``: ``d var / d m`` at ``m = mu`` (1 x 1), the path from
       ``x`` through the mean into the variance (see :func:`mean_path_term`).
+
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
 
     Returns
     -------
     dict of str to sympy.Matrix
-        Each residual after the rewrite to ``(x, s)`` and ``sympy.expand``:
-        a zero matrix exactly when the identity holds.
+        Each residual after the rewrite to ``(x, s)`` and ``sympy.expand``: a zero
+        matrix exactly when the identity holds. Keys in the order of
+        :data:`IDENTITIES`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``D`` is not an integer >= 1.
+
+    See Also
+    --------
+    prove, is_identically_zero
+
+    Examples
+    --------
+    >>> residuals(2)["shift"].T
+    Matrix([[0, 0]])
     """
     f = forward_exprs(D)
     return {name: _expanded(_residual(f, name), f) for name in IDENTITIES}
 
 
 def prove(D: int, name: str) -> bool:
-    """True when the identity ``name`` (one of :data:`IDENTITIES`) holds for rows of length ``D``.
+    r"""True when the identity ``name`` holds for rows of length ``D``.
 
     One residual of :func:`residuals`, decided by :func:`is_identically_zero`:
     for this ``D``, a proof for all real ``x``, ``gamma``, ``dy`` and all
     ``epsilon > 0`` (not a proof for every ``D``).
+
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
+    name : str
+        One of :data:`IDENTITIES`.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of :data:`IDENTITIES`, or ``D < 1``.
+    TypeError
+        If ``D`` is not an integer.
+
+    See Also
+    --------
+    residuals
+
+    Examples
+    --------
+    >>> prove(2, "symmetric"), prove(2, "shift")
+    (True, True)
     """
     f = forward_exprs(D)
     return is_identically_zero(_residual(f, name), f)
 
 
 def mean_path_term(D: int) -> tuple[sp.Expr, sp.Expr]:
-    """The derivative of the variance through the mean, before and after ``m = mu``.
+    r"""The derivative of the variance through the mean, before and after ``m = mu``.
 
-    Writes ``var(x, m) = (1/D) sum_k (x_k - m)^2`` with ``m`` a free symbol.
+    Writes ``var(x, m) = sum((x_k - m)**2) / D`` with ``m`` a free symbol.
+
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
 
     Returns
     -------
     dvar_dm : sympy.Expr
-        ``d var / d m = -(2/D) sum_k (x_k - m)``, in ``x`` and ``m``.
+        ``d var / d m = -(2/D) sum(x_k - m)``, in ``x`` and ``m``.
     at_mean : sympy.Expr
-        The same at ``m = mu(x)``, expanded: 0, because the deviations from
-        the mean sum to zero.
+        The same at ``m = mu(x)``, expanded: 0, because the deviations from the
+        mean sum to zero.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``D`` is not an integer >= 1.
+
+    See Also
+    --------
+    residuals
+
+    Examples
+    --------
+    >>> mean_path_term(2)
+    (2*m - x_1 - x_2, 0)
     """
     dvar_dm, at_mean = _mean_path(forward_exprs(D))
     return dvar_dm, sp.expand(at_mean)
 
 
 def vjp(D: int) -> tuple[sp.Matrix, sp.Matrix, sp.Matrix]:
-    """The vector-Jacobian products of one row, computed by SymPy from the forward.
+    r"""The vector-Jacobian products of one row, computed by SymPy from the forward.
 
-    .. math::
+    ``dx = (dy/dx)^T dy``, ``dgamma = (dy/dgamma)^T dy``, ``dbeta = (dy/dbeta)^T dy``,
+    with ``dy`` the symbols ``dy_i``.
 
-        dx = \\Bigl(\\frac{\\partial y}{\\partial x}\\Bigr)^{\\!\\top} dy, \\qquad
-        d\\gamma = \\Bigl(\\frac{\\partial y}{\\partial \\gamma}\\Bigr)^{\\!\\top} dy, \\qquad
-        d\\beta = \\Bigl(\\frac{\\partial y}{\\partial \\beta}\\Bigr)^{\\!\\top} dy .
+    Parameters
+    ----------
+    D : int
+        Row length, >= 1.
 
     Returns
     -------
     dx, dgamma, dbeta : sympy.Matrix, shape (D, 1)
         Expressions in the symbols of :func:`symbols` (``dy_i`` included).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``D`` is not an integer >= 1.
+
+    See Also
+    --------
+    evaluate_vjp
+
+    Examples
+    --------
+    >>> vjp(2)[2].T
+    Matrix([[dy_1, dy_2]])
     """
     f = forward_exprs(D)
     sym = f.sym
@@ -388,14 +613,20 @@ def vjp(D: int) -> tuple[sp.Matrix, sp.Matrix, sp.Matrix]:
 
 
 def evaluate(
-    expr: sp.Basic | sp.MatrixBase, sym: LayerNormSymbols, *, x, gamma, eps: float, beta=None, dy=None
+    expr: sp.Basic | sp.MatrixBase,
+    sym: LayerNormSymbols,
+    *,
+    x,
+    gamma,
+    eps: float,
+    beta=None,
+    dy=None,
 ) -> np.ndarray:
-    """Evaluate a SymPy expression or matrix at numbers, to ``EVAL_DIGITS`` digits, as float64.
+    r"""Evaluate a SymPy expression or matrix at numbers, to 30 digits, as float64.
 
-    Every float64 input is converted exactly (a float64 is a binary
-    fraction) and the expression is evaluated by ``evalf`` with 30
-    significant digits, so the result is a reference accurate far beyond
-    float64, independent of NumPy.
+    Every float64 input is converted exactly (a float64 is a binary fraction) and
+    the expression is evaluated by ``evalf`` with ``EVAL_DIGITS`` significant
+    digits: a reference accurate far beyond float64, independent of NumPy.
 
     Parameters
     ----------
@@ -409,25 +640,45 @@ def evaluate(
 
     Returns
     -------
-    ndarray of float64, the shape of ``expr`` (a 0-d array for a scalar).
+    ndarray of float64
+        The shape of ``expr`` (a 0-d array for a scalar).
+
+    See Also
+    --------
+    evaluate_vjp
+
+    Examples
+    --------
+    >>> f = forward_exprs(2)
+    >>> float(evaluate(f.mu, f.sym, x=[1.0, 3.0], gamma=[1.0, 1.0], eps=1e-5))
+    2.0
     """
     values = {sym.eps: sp.Rational(float(eps))}
     for column, arr in ((sym.x, x), (sym.gamma, gamma), (sym.beta, beta), (sym.dy, dy)):
         if arr is not None:
-            values.update({s: sp.Rational(float(v)) for s, v in zip(column, np.ravel(arr))})
+            values.update(
+                {s: sp.Rational(float(v)) for s, v in zip(column, np.ravel(arr))}
+            )
     if isinstance(expr, sp.MatrixBase):
-        out = [[float(e.xreplace(values).evalf(EVAL_DIGITS)) for e in expr.row(i)] for i in range(expr.rows)]
+        out = [
+            [float(e.xreplace(values).evalf(EVAL_DIGITS)) for e in expr.row(i)]
+            for i in range(expr.rows)
+        ]
         return np.array(out, dtype=np.float64)
     return np.array(float(expr.xreplace(values).evalf(EVAL_DIGITS)))
 
 
-def evaluate_vjp(x, gamma, dy, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The symbolic VJP of :func:`vjp`, evaluated row by row at numbers (a reference for :func:`lnorm.backward`).
+def evaluate_vjp(
+    x, gamma, dy, eps: float = 1e-5
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""The symbolic VJP of :func:`vjp`, evaluated row by row at numbers.
+
+    A reference for :func:`lnorm.backward`, independent of NumPy's arithmetic.
 
     Parameters
     ----------
     x, dy : array_like, shape (..., D)
-        Floating; small D (the expressions grow as D^2). Not modified.
+        Floating; small D (the expressions grow as D**2). Not modified.
     gamma : array_like, shape (D,)
     eps : float, default 1e-5
 
@@ -436,6 +687,27 @@ def evaluate_vjp(x, gamma, dy, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarra
     dx : ndarray, shape of ``x``, float64
     dgamma, dbeta : ndarray, shape (D,), float64
         Summed over the rows, like :func:`lnorm.backward`.
+
+    Raises
+    ------
+    TypeError
+        If an array has no floating dtype.
+    ValueError
+        If the shapes do not match or ``eps`` is not finite and > 0.
+
+    See Also
+    --------
+    vjp, lnorm.backward
+
+    Examples
+    --------
+    >>> import lnorm
+    >>> x, dy = np.array([[1.0, 2.0, 4.0]]), np.array([[0.5, -1.0, 2.0]])
+    >>> gamma = np.array([1.0, 2.0, 3.0])
+    >>> symbolic = evaluate_vjp(x, gamma, dy)
+    >>> numeric = lnorm.backward(dy, lnorm.forward(x, gamma, np.zeros(3))[1])
+    >>> all(bool(np.allclose(a, b)) for a, b in zip(symbolic, numeric))
+    True
     """
     x = as_rows(x, "x")
     D = x.shape[-1]
@@ -461,12 +733,10 @@ def evaluate_vjp(x, gamma, dy, eps: float = 1e-5) -> tuple[np.ndarray, np.ndarra
 
 
 def jacobian_numpy(cache: LayerNormCache) -> np.ndarray:
-    """The dense Jacobian ``dy/dx`` of every row, from the closed form, in NumPy.
+    r"""The dense Jacobian ``dy/dx`` of every row, from the closed form, in NumPy.
 
-    .. math::
-
-        J_{ij} = \\gamma_i\\,\\mathrm{rstd}\\,\\Bigl(\\delta_{ij} - \\frac1D
-                 - \\frac{\\hat x_i \\hat x_j}{D}\\Bigr).
+    ``J[..., i, j] = gamma_i * rstd * (delta_ij - 1/D - xhat_i * xhat_j / D)``.
+    Memory is D**2 numbers per row: the naive route, for teaching and checking.
 
     Parameters
     ----------
@@ -476,8 +746,24 @@ def jacobian_numpy(cache: LayerNormCache) -> np.ndarray:
     Returns
     -------
     ndarray, shape (..., D, D), float64
-        ``J[..., i, j] = d y_i / d x_j``. Memory is D^2 numbers per row: this
-        is the naive route, for teaching and checking, not for use.
+        ``J[..., i, j] = d y_i / d x_j``.
+
+    Raises
+    ------
+    TypeError
+        If ``cache`` is not a :class:`lnorm.LayerNormCache`.
+
+    See Also
+    --------
+    backward_via_jacobian, compact_jacobian
+
+    Examples
+    --------
+    >>> import lnorm
+    >>> cache = lnorm.forward(np.array([[1.0, 2.0, 4.0]]), np.ones(3), np.zeros(3))[1]
+    >>> J = jacobian_numpy(cache)
+    >>> J.shape, bool(np.allclose(J.sum(axis=-1), 0.0))
+    ((1, 3, 3), True)
     """
     cache = check_cache(cache)
     D = cache.shape[-1]
@@ -488,11 +774,45 @@ def jacobian_numpy(cache: LayerNormCache) -> np.ndarray:
     return gamma * rstd * (np.eye(D) - 1.0 / D - outer / D)
 
 
-def backward_via_jacobian(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The naive backward: materialize every row's D x D Jacobian and multiply, ``dx = J^T dy``.
+def backward_via_jacobian(
+    dy, cache: LayerNormCache
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    r"""The naive backward: every row's D x D Jacobian, then ``dx = J^T dy``.
 
-    Same arguments and results as :func:`lnorm.backward` (``dx`` in float64),
-    at O(D^2) time and memory per row instead of O(D).
+    Same arguments and results as :func:`lnorm.backward` (``dx`` in float64), at
+    O(D**2) time and memory per row instead of O(D).
+
+    Parameters
+    ----------
+    dy : array_like, shape of the forward's ``x``
+        Floating upstream gradient.
+    cache : LayerNormCache
+        From :func:`lnorm.forward`.
+
+    Returns
+    -------
+    dx : ndarray, shape of ``dy``, float64
+    dgamma, dbeta : ndarray, shape (D,), float64
+
+    Raises
+    ------
+    TypeError
+        If ``cache`` is not a cache or ``dy`` has no floating dtype.
+    ValueError
+        If ``dy`` does not have the shape of ``x``.
+
+    See Also
+    --------
+    jacobian_numpy, lnorm.backward
+
+    Examples
+    --------
+    >>> import lnorm
+    >>> x, dy = np.array([[1.0, 2.0, 4.0]]), np.array([[0.5, -1.0, 2.0]])
+    >>> cache = lnorm.forward(x, np.ones(3), np.zeros(3))[1]
+    >>> naive, compact = backward_via_jacobian(dy, cache), lnorm.backward(dy, cache)
+    >>> all(bool(np.allclose(a, b)) for a, b in zip(naive, compact))
+    True
     """
     dy = check_dy(dy, cache)
     dy64 = dy.astype(ACC_DTYPE)
@@ -505,7 +825,26 @@ def backward_via_jacobian(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.nda
 
 
 def latex(expr: sp.Basic | sp.MatrixBase) -> str:
-    """``sympy.latex`` with the book's notation: ``\\operatorname{rstd}`` and ``\\varepsilon``."""
+    r"""``sympy.latex`` with the book's notation for ``rstd`` and ``epsilon``.
+
+    Parameters
+    ----------
+    expr : sympy.Expr or sympy.Matrix
+
+    Returns
+    -------
+    str
+        LaTeX with ``\operatorname{rstd}`` and ``\varepsilon``.
+
+    See Also
+    --------
+    compact_jacobian
+
+    Examples
+    --------
+    >>> print(latex(compact_jacobian(2)[0, 0]))
+    \gamma_{1} \operatorname{rstd} \left(\frac{1}{2} - \frac{\hat{x}_{1}^{2}}{2}\right)
+    """
     names = {
         sp.Symbol("rstd", positive=True): r"\operatorname{rstd}",
         sp.Symbol("epsilon", positive=True): r"\varepsilon",

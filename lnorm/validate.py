@@ -4,6 +4,15 @@ Each check returns the value it accepted (converted, where that is its job)
 or raises a ``TypeError`` / ``ValueError`` whose message names the argument
 and says how to fix it. Nothing here copies or modifies an array.
 
+The checks, in the order a public function calls them:
+
+* :func:`as_float_array`, :func:`as_rows`: arrays of float16, float32 or
+  float64 (:data:`SUPPORTED_DTYPES`), and rows of shape ``(..., D)``;
+* :func:`check_param`: a parameter vector of shape ``(D,)``;
+* :func:`check_positive`, :func:`check_eps`, :func:`check_int`: scalars;
+* :func:`check_cache`, :func:`check_dy`: the arguments of a backward;
+* :func:`as_dtype`: a dtype argument.
+
 Examples
 --------
 >>> import numpy as np
@@ -11,10 +20,10 @@ Examples
 (2, 3)
 >>> check_eps(1e-5)
 1e-05
->>> check_eps(0.0)
+>>> check_eps(0.0)  # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-ValueError: eps must be finite and > 0 (it bounds rstd by 1/sqrt(eps)); got 0.0. A typical value is 1e-5.
+ValueError: eps must be finite and > 0 (it bounds rstd by 1/sqrt(eps)); got 0.0. ...
 """
 
 from __future__ import annotations
@@ -41,12 +50,39 @@ SUPPORTED_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.floa
 
 
 def as_float_array(a, name: str) -> np.ndarray:
-    """``a`` as an ndarray of dtype float16, float32 or float64, or a TypeError.
+    r"""Return ``a`` as an ndarray of dtype float16, float32 or float64.
+
+    Parameters
+    ----------
+    a : array_like
+        The value to check. An ndarray of a supported dtype is returned as
+        it is (no copy).
+    name : str
+        The argument's name, for the error message.
+
+    Returns
+    -------
+    ndarray
+        ``np.asarray(a)``.
+
+    Raises
+    ------
+    TypeError
+        The dtype is not one of :data:`SUPPORTED_DTYPES` (integers, complex,
+        object arrays); the message suggests ``name.astype(np.float32)``.
+
+    See Also
+    --------
+    as_rows : The same, and a shape of rows ``(..., D)``.
 
     Examples
     --------
     >>> as_float_array([1.0, 2.0], "x").dtype
     dtype('float64')
+    >>> as_float_array(np.arange(3), "x")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: x must have a floating dtype (float16, float32 or float64); got ...
     """
     arr = np.asarray(a)
     if arr.dtype not in SUPPORTED_DTYPES:
@@ -58,20 +94,48 @@ def as_float_array(a, name: str) -> np.ndarray:
 
 
 def as_rows(a, name: str) -> np.ndarray:
-    """``a`` as a floating array of rows, shape ``(..., D)`` with ``D >= 1``.
+    r"""Return ``a`` as a floating array of rows, shape ``(..., D)`` with ``D >= 1``.
 
     Zero rows (a leading axis of length 0) are allowed; a 0-d array and
     ``D = 0`` are not.
+
+    Parameters
+    ----------
+    a : array_like
+        The value to check; float16, float32 or float64.
+    name : str
+        The argument's name, for the error message.
+
+    Returns
+    -------
+    ndarray
+        ``np.asarray(a)``, not copied.
+
+    Raises
+    ------
+    TypeError
+        A dtype that is not floating (see :func:`as_float_array`).
+    ValueError
+        A 0-d array, or a last axis of length 0.
+
+    See Also
+    --------
+    as_float_array : The dtype check alone.
 
     Examples
     --------
     >>> as_rows(np.zeros((0, 4)), "x").shape
     (0, 4)
+    >>> as_rows(np.zeros((3, 0)), "x")
+    Traceback (most recent call last):
+    ...
+    ValueError: x must have a last axis of length D >= 1; got D = 0.
     """
     arr = as_float_array(a, name)
     if arr.ndim == 0:
         raise ValueError(
-            f"{name} must have at least one dimension, shape (..., D); got a 0-d array. "
+            f"{name} must have at least one dimension, shape (..., D); "
+            "got a 0-d array. "
             f"Reshape a single value to {name}.reshape(1, 1) if that is what you mean."
         )
     if arr.shape[-1] < 1:
@@ -80,12 +144,41 @@ def as_rows(a, name: str) -> np.ndarray:
 
 
 def as_dtype(value, name: str, allowed: tuple[np.dtype, ...], what: str) -> np.dtype:
-    """``value`` as one of the ``allowed`` dtypes, or a TypeError naming ``name``.
+    r"""Return ``value`` as one of the ``allowed`` dtypes.
+
+    Parameters
+    ----------
+    value : dtype-like
+        Anything ``np.dtype`` accepts: ``np.float32``, ``"float32"``, a dtype.
+    name : str
+        The argument's name, for the error message.
+    allowed : tuple of numpy.dtype
+        The dtypes to accept, e.g. :data:`SUPPORTED_DTYPES`.
+    what : str
+        What ``value`` must be, in words, for the error message
+        (``"a floating dtype"``).
+
+    Returns
+    -------
+    numpy.dtype
+
+    Raises
+    ------
+    TypeError
+        ``value`` is not a dtype, or not one of ``allowed``.
+
+    See Also
+    --------
+    as_float_array : The same check on an array's dtype.
 
     Examples
     --------
     >>> as_dtype("float32", "dtype", SUPPORTED_DTYPES, "a floating dtype")
     dtype('float32')
+    >>> as_dtype("int8", "dtype", SUPPORTED_DTYPES, "a floating dtype")
+    Traceback (most recent call last):
+    ...
+    TypeError: dtype must be a floating dtype; got int8.
     """
     try:
         dt = np.dtype(value)
@@ -97,12 +190,41 @@ def as_dtype(value, name: str, allowed: tuple[np.dtype, ...], what: str) -> np.d
 
 
 def check_param(p, name: str, D: int) -> np.ndarray:
-    """A parameter vector (``gamma``, ``beta``) of shape ``(D,)``, floating.
+    r"""Return a parameter vector (``gamma``, ``beta``) of shape ``(D,)``, floating.
+
+    Parameters
+    ----------
+    p : array_like
+        The parameter; float16, float32 or float64.
+    name : str
+        The argument's name, for the error message.
+    D : int
+        The row length it must match (the last axis of ``x``).
+
+    Returns
+    -------
+    ndarray
+        ``np.asarray(p)``, not copied.
+
+    Raises
+    ------
+    TypeError
+        A dtype that is not floating.
+    ValueError
+        A shape other than ``(D,)``.
+
+    See Also
+    --------
+    as_rows : The check of ``x``, which gives ``D``.
 
     Examples
     --------
     >>> check_param(np.ones(3), "gamma", 3).shape
     (3,)
+    >>> check_param(np.ones(3), "gamma", 4)
+    Traceback (most recent call last):
+    ...
+    ValueError: gamma must have shape (D,) = (4,) to match the last axis of x; ...
     """
     arr = as_float_array(p, name)
     if arr.shape != (D,):
@@ -114,53 +236,166 @@ def check_param(p, name: str, D: int) -> np.ndarray:
 
 
 def check_positive(value, name: str, example: str, why: str = "") -> float:
-    """``value`` as a float, finite and > 0.
+    r"""Return ``value`` as a float, finite and > 0.
+
+    Parameters
+    ----------
+    value : real number
+        Python or NumPy; ``bool`` is refused.
+    name : str
+        The argument's name, for the error message.
+    example : str
+        A typical value, quoted in the error message (``"1e-6"``).
+    why : str, optional
+        Appended to "must be finite and > 0" in the message, e.g.
+        ``" (it bounds rstd by 1/sqrt(eps))"``.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    TypeError
+        Not a real number (a string, None, a bool, a complex number).
+    ValueError
+        NaN, an infinity, zero or a negative number.
+
+    See Also
+    --------
+    check_eps : This check for ``eps``.
+    check_int : The check of integer arguments.
 
     Examples
     --------
     >>> check_positive(2, "h", "1e-6")
     2.0
+    >>> check_positive(-1.0, "h", "1e-6")
+    Traceback (most recent call last):
+    ...
+    ValueError: h must be finite and > 0; got -1.0. A typical value is 1e-6.
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(
-            f"{name} must be a real number such as {example}; got {type(value).__name__}."
+            f"{name} must be a real number such as {example}; "
+            f"got {type(value).__name__}."
         )
     value = float(value)
     if not np.isfinite(value) or value <= 0.0:
         raise ValueError(
-            f"{name} must be finite and > 0{why}; got {value!r}. A typical value is {example}."
+            f"{name} must be finite and > 0{why}; got {value!r}. "
+            f"A typical value is {example}."
         )
     return value
 
 
 def check_eps(eps) -> float:
-    """``eps`` as a float, finite and > 0 (it bounds ``rstd`` by ``1/sqrt(eps)``).
+    r"""Return ``eps`` as a float, finite and > 0.
+
+    ``eps`` is added to the variance, so it bounds ``rstd`` by ``1/sqrt(eps)``.
+
+    Parameters
+    ----------
+    eps : real number
+        The constant added to the variance.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    TypeError
+        Not a real number.
+    ValueError
+        NaN, an infinity, zero or a negative number.
+
+    See Also
+    --------
+    check_positive : The general check this calls.
 
     Examples
     --------
     >>> check_eps(1e-12)
     1e-12
+    >>> check_eps("1e-5")
+    Traceback (most recent call last):
+    ...
+    TypeError: eps must be a real number such as 1e-5; got str.
     """
     return check_positive(eps, "eps", "1e-5", " (it bounds rstd by 1/sqrt(eps))")
 
 
 def check_int(value, name: str, minimum: int, hint: str = "") -> int:
-    """``value`` as an int ``>= minimum`` (NumPy integers accepted, bools refused).
+    r"""Return ``value`` as an int ``>= minimum`` (NumPy integers, no bools).
+
+    Parameters
+    ----------
+    value : integer
+        Python or NumPy integer; a float such as ``2.0`` is refused.
+    name : str
+        The argument's name, for the error message.
+    minimum : int
+        The smallest accepted value.
+    hint : str, optional
+        A sentence appended to the error message (how to choose a value).
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    TypeError
+        Not an integer, or a bool.
+    ValueError
+        Below ``minimum``.
+
+    See Also
+    --------
+    check_positive : The check of real-valued arguments.
 
     Examples
     --------
     >>> check_int(np.int64(3), "D", 1)
     3
+    >>> check_int(0, "D", 1, "D is the row length.")
+    Traceback (most recent call last):
+    ...
+    ValueError: D must be >= 1; got 0. D is the row length.
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer; got {type(value).__name__}. {hint}".rstrip())
+        raise TypeError(
+            f"{name} must be an integer; got {type(value).__name__}. {hint}".rstrip()
+        )
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}; got {value}. {hint}".rstrip())
     return int(value)
 
 
 def check_cache(cache):
-    """``cache`` if it is the :class:`lnorm.LayerNormCache` a forward returned.
+    r"""Return ``cache`` if it is the :class:`lnorm.LayerNormCache` a forward returned.
+
+    Parameters
+    ----------
+    cache : object
+        The value passed as a backward's ``cache``.
+
+    Returns
+    -------
+    LayerNormCache
+        ``cache`` itself.
+
+    Raises
+    ------
+    TypeError
+        ``cache`` is not a :class:`lnorm.LayerNormCache` (a common slip:
+        passing the whole ``(y, cache)`` tuple).
+
+    See Also
+    --------
+    check_dy : The check of the backward's other argument.
+    lnorm.core.make_cache : How the forwards build the cache.
 
     Examples
     --------
@@ -180,7 +415,30 @@ def check_cache(cache):
 
 
 def check_dy(dy, cache) -> np.ndarray:
-    """``dy`` as a floating array with the shape of the forward's ``x``.
+    r"""Return ``dy`` as a floating array with the shape of the forward's ``x``.
+
+    Parameters
+    ----------
+    dy : array_like
+        The upstream gradient passed to a backward.
+    cache : LayerNormCache
+        The forward's cache, which records the shape of ``x``.
+
+    Returns
+    -------
+    ndarray
+        ``np.asarray(dy)``, not copied.
+
+    Raises
+    ------
+    TypeError
+        ``cache`` is not a LayerNormCache, or ``dy`` is not floating.
+    ValueError
+        ``dy`` does not have the shape of ``x``.
+
+    See Also
+    --------
+    check_cache : The first check this makes.
 
     Examples
     --------
@@ -188,6 +446,10 @@ def check_dy(dy, cache) -> np.ndarray:
     >>> _, cache = lnorm.forward(np.ones((2, 3)), np.ones(3), np.zeros(3))
     >>> check_dy(np.ones((2, 3)), cache).shape
     (2, 3)
+    >>> check_dy(np.ones((3, 2)), cache)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: dy must have the shape of x, (2, 3), as recorded in the cache; ...
     """
     check_cache(cache)
     dy = as_float_array(dy, "dy")

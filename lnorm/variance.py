@@ -20,16 +20,13 @@ the row, so ``L = log2(D)`` stands where recursive summation would have ``D``
     about ``L u kappa**2``.
 ``two_pass``
     The mean, then the mean of squared deviations: about
-    ``L u + (L u kappa)**2``. The mean's error ``delta`` adds ``D delta**2``
-    to the sum of squared deviations.
+    ``L u + (L u kappa)**2``.
 ``corrected_two_pass``
-    Two-pass with the mean corrected by the mean of the deviations (Chan,
-    Golub and LeVeque's corrected two-pass algorithm): about
-    ``L u + L**3 u**3 kappa**2``; the ``D delta**2`` term is gone.
+    Two-pass with the mean corrected by the mean of the deviations:
+    about ``L u + L**3 u**3 kappa**2``.
 ``welford``
     Welford's streaming update of ``(n, mean, M2)``, one column at a time
-    (sequential, so ``D``, not ``L``): at most about ``D u kappa``, in
-    practice far less.
+    (sequential, so ``D``, not ``L``): at most about ``D u kappa``.
 ``chan``
     Chan's pairwise merge of partial ``(n, mean, M2)``, the shape of a GPU
     reduction tree: at most about ``L u kappa``.
@@ -39,7 +36,9 @@ the row, so ``L = log2(D)`` stands where recursive summation would have ``D``
 
 NumPy's ``sum`` along a contiguous axis is pairwise, and for float16 it adds
 in float32 internally and rounds the total once; elementwise operations
-(``x * x``, ``x - mean``) run in the accumulation dtype.
+(``x * x``, ``x - mean``) run in the accumulation dtype. The derivations and
+measurements are in chapter 4, The variance problem; low precision in
+chapter 5, Layer norm in low precision.
 
 Examples
 --------
@@ -76,14 +75,30 @@ __all__ = [
 
 
 class RowStats(NamedTuple):
-    """Per-row statistics, each of shape ``x.shape[:-1]``."""
+    r"""Per-row mean and biased variance, each of shape ``x.shape[:-1]``.
+
+    Parameters
+    ----------
+    mean, var : ndarray
+        ``mean = sum(x) / D`` and ``var = sum((x - mean)**2) / D`` of each row.
+
+    See Also
+    --------
+    exact, ALGORITHMS
+
+    Examples
+    --------
+    >>> s = two_pass(np.array([[1.0, 3.0], [2.0, 2.0]]))
+    >>> s.mean.tolist(), s.var.tolist()
+    ([2.0, 2.0], [1.0, 0.0])
+    """
 
     mean: np.ndarray
     var: np.ndarray
 
 
 def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
-    """Validate ``x`` and ``dtype``; return ``x`` as a new array in the accumulation dtype."""
+    """Validate ``x`` and ``dtype``; return ``x`` copied into the accumulation dtype."""
     x = as_rows(x, "x")
     if dtype is None:
         acc = x.dtype
@@ -95,27 +110,41 @@ def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
 
 
 def naive(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    """Textbook one-pass variance, :math:`\\overline{x^2} - \\overline{x}^2`.
+    r"""Textbook one-pass variance, ``var = mean(x**2) - mean(x)**2``.
+
+    Both means are of size ``mean**2 + var``; their difference is ``var``, so a
+    rounding error of ``u (mean**2 + var)`` becomes a relative error of about
+    ``u kappa**2``. Once ``kappa**2`` nears ``1/u`` the result can be zero or
+    negative; it is returned as computed (no clamp), so that callers see it.
 
     Parameters
     ----------
     x : array_like, shape (..., D)
-        float16, float32 or float64. Not modified.
-    dtype : float16, float32 or float64, optional
-        Accumulation dtype (default: the dtype of ``x``).
+        float16, float32 or float64 values, ``D >= 1``. Not modified.
+    dtype : {float16, float32, float64}, optional
+        Accumulation dtype; default the dtype of ``x``.
 
     Returns
     -------
     RowStats
         ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
 
-    Notes
-    -----
-    Both sums are of size :math:`\\mu^2 + \\sigma^2`; their difference is
-    :math:`\\sigma^2`, so the rounding error :math:`u(\\mu^2+\\sigma^2)` becomes
-    a relative error :math:`u\\,\\kappa^2`. The result can be zero or negative
-    once :math:`\\kappa^2 \\gtrsim 1/u`. It is returned as computed (no clamp),
-    so that callers can see it.
+    Raises
+    ------
+    TypeError
+        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
+    ValueError
+        If ``x`` is 0-d or ``D = 0``.
+
+    See Also
+    --------
+    two_pass, condition_number
+
+    Examples
+    --------
+    >>> row = 1e9 + np.array([1.0, -1.0, 2.0, -2.0])
+    >>> float(naive(row).var), float(exact(row).var)
+    (0.0, 2.5)
     """
     xa = _prepare(x, dtype)
     D = xa.shape[-1]
@@ -125,21 +154,37 @@ def naive(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
 
 
 def two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    """Two-pass variance: the mean first, then the mean of squared deviations.
+    r"""Two-pass variance: the mean first, then the mean of squared deviations.
 
-    ``mean = fl(sum(x) / D)``, ``var = sum((x - mean)**2) / D``. Parameters
-    and returns as in :func:`naive`.
+    ``mean = fl(sum(x) / D)``, ``var = sum((x - mean)**2) / D``. Nothing large
+    cancels, but the computed mean is off by some ``delta`` (of order
+    ``log2(D) u |mean|``) and, since exact deviations sum to zero,
+    ``sum((x - mean - delta)**2) = sum((x - mean)**2) + D delta**2``: a relative
+    error of about ``(log2(D) u kappa)**2`` on top of ``log2(D) u``, invisible
+    until ``kappa`` nears ``u**-1/2`` (Chan, Golub and LeVeque 1983).
 
-    Notes
-    -----
-    The squares are of deviations, so nothing large cancels. The computed
-    mean is off by some ``delta`` (of order ``log2(D) u |mean|``), and since
-    the exact deviations sum to zero,
-    ``sum((x - mean - delta)**2) = sum((x - mean)**2) + D delta**2``: the
-    *sum* gains ``D delta**2`` (no single term gains exactly ``delta**2``),
-    a relative error of ``(delta / std)**2``, about ``(log2(D) u kappa)**2``,
-    on top of the ``log2(D) u`` of rounding the squares and their sum. It is
-    invisible until ``kappa`` nears ``u**-1/2`` (Chan, Golub and LeVeque 1983).
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        float16, float32 or float64 values, ``D >= 1``. Not modified.
+    dtype : {float16, float32, float64}, optional
+        Accumulation dtype; default the dtype of ``x``.
+
+    Returns
+    -------
+    RowStats
+        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
+    ValueError
+        If ``x`` is 0-d or ``D = 0``.
+
+    See Also
+    --------
+    corrected_two_pass, naive
 
     Examples
     --------
@@ -153,20 +198,37 @@ def two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
     return RowStats(mean[..., 0], (dev * dev).sum(axis=-1) / D)
 
 
-def corrected_mean(x: ArrayLike, dtype: DTypeLike | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The mean of each row as two numbers, ``m_hi + m_lo``, in ``dtype``.
+def corrected_mean(x: ArrayLike, dtype: DTypeLike | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    r"""The mean of each row as two numbers, ``m_hi + m_lo``, in ``dtype``.
 
-    ``m_hi = fl(sum(x) / D)`` and ``m_lo = fl(sum(x - m_hi) / D)``: the mean
-    of the deviations from ``m_hi`` is minus ``m_hi``'s own error. Where the
-    offset dominates the row (every ``x_j`` within a factor of two of
-    ``m_hi``), ``x_j - m_hi`` is exact by Sterbenz's lemma, so ``m_lo``
-    carries ``m_hi``'s error to a relative accuracy of ``log2(D) u``.
-    Centring as ``(x - m_hi) - m_lo`` then leaves an error of order
-    ``u * std``, not ``u * |mean|``. This is the mean of the fused GPU kernel.
+    ``m_hi = fl(sum(x) / D)`` and ``m_lo = fl(sum(x - m_hi) / D)``: the mean of
+    the deviations from ``m_hi`` is minus ``m_hi``'s own error. Where the offset
+    dominates the row, ``x - m_hi`` is exact (Sterbenz's lemma), so centring as
+    ``(x - m_hi) - m_lo`` leaves an error of order ``u * std``, not
+    ``u * |mean|``. This is the mean of the fused GPU kernel (chapter 4).
+
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        float16, float32 or float64 values, ``D >= 1``. Not modified.
+    dtype : {float16, float32, float64}, optional
+        Accumulation dtype; default the dtype of ``x``.
 
     Returns
     -------
     m_hi, m_lo : ndarray, shape ``x.shape[:-1] + (1,)``, in ``dtype``
+
+    Raises
+    ------
+    TypeError
+        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
+    ValueError
+        If ``x`` is 0-d or ``D = 0``.
+
+    See Also
+    --------
+    corrected_two_pass
 
     Examples
     --------
@@ -183,22 +245,43 @@ def corrected_mean(x: ArrayLike, dtype: DTypeLike | None = None) -> tuple[np.nda
 
 
 def corrected_two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    """Two-pass variance from the corrected mean ``m_hi + m_lo``.
+    r"""Two-pass variance from the corrected mean ``m_hi + m_lo``.
 
     ``c = (x - m_hi) - m_lo`` (:func:`corrected_mean`), ``var = sum(c**2) / D``.
-    In exact arithmetic this is the corrected two-pass formula of Chan, Golub
-    and LeVeque (1983), ``(sum(d**2) - sum(d)**2 / D) / D`` with
-    ``d = x - m_hi``: both subtract ``D m_lo**2`` from ``sum(d**2)``. The
-    ``D delta**2`` term of :func:`two_pass` is gone, and what is left is of
-    order ``log2(D) u`` until ``kappa`` nears ``1 / u``. Parameters and
-    returns as in :func:`naive`; ``mean`` is ``m_hi + m_lo`` rounded to
-    ``dtype``.
+    In exact arithmetic this is the corrected two-pass formula of Chan, Golub and
+    LeVeque (1983), ``(sum(d**2) - sum(d)**2 / D) / D`` with ``d = x - m_hi``. The
+    ``D delta**2`` term of :func:`two_pass` is gone; what is left is of order
+    ``log2(D) u`` until ``kappa`` nears ``1 / u``. ``mean`` is ``m_hi + m_lo``
+    rounded to ``dtype``.
+
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        float16, float32 or float64 values, ``D >= 1``. Not modified.
+    dtype : {float16, float32, float64}, optional
+        Accumulation dtype; default the dtype of ``x``.
+
+    Returns
+    -------
+    RowStats
+        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
+
+    Raises
+    ------
+    TypeError
+        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
+    ValueError
+        If ``x`` is 0-d or ``D = 0``.
+
+    See Also
+    --------
+    corrected_mean, two_pass
 
     Examples
     --------
     >>> row = np.float32(3e4) + np.array([1.0, -1.0, 2.0, -2.0], np.float32)
-    >>> float(corrected_two_pass(row).var)
-    2.5
+    >>> float(corrected_two_pass(row).var), float(two_pass(row).var)
+    (2.5, 2.5)
     """
     xa = _prepare(x, dtype)
     D = xa.shape[-1]
@@ -208,24 +291,44 @@ def corrected_two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats
 
 
 def welford(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    """Welford's one-pass streaming variance, vectorized across rows.
+    r"""Welford's one-pass streaming variance, vectorized across rows.
 
-    For ``j = 1 .. D`` (one loop iteration per column, every row at once):
+    For ``j = 1 .. D``, one column at a time for every row::
 
-    .. math::
+        delta = x_j - m;  m = m + delta / j;  M = M + delta * (x_j - m)
 
-        \\delta = x_j - m_{j-1}, \\qquad m_j = m_{j-1} + \\delta / j, \\qquad
-        M_j = M_{j-1} + \\delta\\,(x_j - m_j),
+    and ``var = M / D``. Every update works with deviations from the running
+    mean, so it never forms ``mean**2`` (Welford 1962); the error bound grows
+    like ``D u kappa`` (Chan, Golub and LeVeque 1983).
 
-    and :math:`\\sigma^2 = M_D / D`.
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        float16, float32 or float64 values, ``D >= 1``. Not modified.
+    dtype : {float16, float32, float64}, optional
+        Accumulation dtype; default the dtype of ``x``.
 
-    Parameters and returns as in :func:`naive`.
+    Returns
+    -------
+    RowStats
+        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
 
-    Notes
-    -----
-    Every update works with deviations from the running mean, so it never
-    forms :math:`\\mu^2`; Welford (1962). Its error bound grows like
-    :math:`D\\,u\\,\\kappa` (Chan, Golub and LeVeque 1983).
+    Raises
+    ------
+    TypeError
+        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
+    ValueError
+        If ``x`` is 0-d or ``D = 0``.
+
+    See Also
+    --------
+    chan, two_pass
+
+    Examples
+    --------
+    >>> s = welford(np.array([[1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 1.0]]))
+    >>> s.mean.tolist(), s.var.tolist()
+    ([2.5, 0.25], [1.25, 0.1875])
     """
     xa = _prepare(x, dtype)
     acc = xa.dtype.type
@@ -241,27 +344,47 @@ def welford(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
 
 
 def chan(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    """Chan's pairwise merge of partial ``(n, mean, M2)``: a reduction tree.
+    r"""Chan's pairwise merge of partial ``(n, mean, M2)``: a reduction tree.
 
-    Every element starts as a partial ``(1, x_j, 0)``. Each level merges
-    partial ``i`` with partial ``i + h`` (``h`` = half the count, the pattern
-    of a warp-shuffle or shared-memory tree; an odd one out waits a level):
+    Every element starts as a partial ``(1, x_j, 0)``. Each level merges partial
+    ``i`` with partial ``i + h`` (``h`` half the count, the pattern of a
+    warp-shuffle tree; an odd one out waits a level)::
 
-    .. math::
+        n = n_a + n_b;  delta = m_b - m_a;  m = m_a + delta * n_b / n
+        M = M_a + M_b + delta**2 * n_a * n_b / n
 
-        n = n_a + n_b, \\qquad \\delta = m_b - m_a, \\qquad
-        m = m_a + \\delta\\,\\frac{n_b}{n}, \\qquad
-        M = M_a + M_b + \\delta^2\\,\\frac{n_a n_b}{n},
+    and ``var = M / D`` after ``ceil(log2(D))`` levels (Chan, Golub and LeVeque
+    1983). The weights ``n_b / n`` and ``n_a n_b / n`` are formed in float64 and
+    rounded once to ``dtype``, as a kernel would hold them as constants.
 
-    and :math:`\\sigma^2 = M / D` after :math:`\\lceil\\log_2 D\\rceil` levels.
+    Parameters
+    ----------
+    x : array_like, shape (..., D)
+        float16, float32 or float64 values, ``D >= 1``. Not modified.
+    dtype : {float16, float32, float64}, optional
+        Accumulation dtype; default the dtype of ``x``.
 
-    Parameters and returns as in :func:`naive`.
+    Returns
+    -------
+    RowStats
+        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
 
-    Notes
-    -----
-    Chan, Golub and LeVeque (1983). The weights :math:`n_b/n` and
-    :math:`n_a n_b/n` are the same for every row; they are formed in float64
-    and rounded once to ``dtype``, as a kernel would hold them as constants.
+    Raises
+    ------
+    TypeError
+        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
+    ValueError
+        If ``x`` is 0-d or ``D = 0``.
+
+    See Also
+    --------
+    welford, two_pass
+
+    Examples
+    --------
+    >>> s = chan(np.array([[1.0, 2.0, 3.0, 4.0, 5.0]]))
+    >>> s.mean.tolist(), s.var.tolist()
+    ([3.0], [2.0])
     """
     xa = _prepare(x, dtype)
     D = xa.shape[-1]
@@ -300,60 +423,89 @@ def _exact_stats(values: list[float]) -> tuple[Fraction, Fraction]:
 def _check_finite(x: np.ndarray, name: str) -> None:
     if not np.all(np.isfinite(x)):
         raise ValueError(
-            f"{name} must hold finite values only: the exact variance of inf or nan is undefined."
+            f"{name} must hold finite values only: the exact variance of inf or nan "
+            "is undefined."
         )
 
 
 def exact_row(row: ArrayLike) -> tuple[Fraction, Fraction]:
-    """Exact mean and (biased) variance of one row of floating values.
+    r"""Exact mean and (biased) variance of one row of floating values.
 
-    Every finite float is a dyadic rational :math:`N_j / 2^{k_j}`. Scaled to a
-    common denominator :math:`2^K`, the row becomes integers :math:`N_j`, and
+    Every finite float is a dyadic rational ``N_j / 2**k_j``. Scaled to a common
+    denominator ``2**K``, the row becomes integers ``N_j``, and, with
+    ``S1 = sum(N_j)`` and ``S2 = sum(N_j**2)``::
 
-    .. math::
+        mean = S1 / (D 2**K),    var = (D S2 - S1**2) / (D**2 2**(2K))
 
-        \\mu = \\frac{S_1}{D\\,2^K}, \\qquad
-        \\sigma^2 = \\frac{D S_2 - S_1^2}{D^2\\,2^{2K}}, \\qquad
-        S_1 = \\sum_j N_j,\\; S_2 = \\sum_j N_j^2,
-
-    computed in Python integers, with no rounding at all. The one-pass
-    formula is safe here: in exact arithmetic nothing cancels badly.
+    computed in Python integers, with no rounding at all; in exact arithmetic the
+    one-pass formula is safe.
 
     Parameters
     ----------
     row : array_like, shape (D,)
-        Finite float16, float32 or float64 values, D >= 1.
+        Finite float16, float32 or float64 values, ``D >= 1``.
 
     Returns
     -------
     mean, var : fractions.Fraction
+
+    Raises
+    ------
+    TypeError
+        If ``row`` has no floating dtype.
+    ValueError
+        If ``row`` is not one-dimensional with ``D >= 1``, or holds inf or nan.
+
+    See Also
+    --------
+    exact
+
+    Examples
+    --------
+    >>> exact_row(np.array([1.0, 2.0, 4.0]))
+    (Fraction(7, 3), Fraction(14, 9))
     """
     row = as_float_array(row, "row")
     if row.ndim != 1 or row.shape[0] < 1:
-        raise ValueError(f"row must be one-dimensional with D >= 1 values; got shape {row.shape}.")
+        raise ValueError("row must be one-dimensional with D >= 1 values; "
+                         f"got shape {row.shape}.")
     _check_finite(row, "row")
     return _exact_stats(row.tolist())
 
 
 def exact(x: ArrayLike) -> RowStats:
-    """Exact mean and variance of every row, each rounded once to float64.
+    r"""Exact mean and variance of every row, each rounded once to float64.
+
+    The reference for the floating algorithms: each result is the correctly
+    rounded value of the exact rational one of :func:`exact_row`. It loops over
+    rows and elements in Python, so keep it to small inputs.
 
     Parameters
     ----------
     x : array_like, shape (..., D)
-        Finite float16, float32 or float64 values. Not modified.
+        Finite float16, float32 or float64 values, ``D >= 1``. Not modified.
 
     Returns
     -------
     RowStats
-        float64 ``mean`` and ``var``, each the correctly rounded value of the
-        exact rational result of :func:`exact_row`.
+        float64 ``mean`` and ``var``, shape ``x.shape[:-1]``.
 
-    Notes
-    -----
-    The reference for the floating algorithms. It runs a Python loop over rows
-    and elements, so keep it to small inputs (thousands of rows of a few
-    hundred values take well under a second).
+    Raises
+    ------
+    TypeError
+        If ``x`` has no floating dtype.
+    ValueError
+        If ``x`` is 0-d, ``D = 0``, or ``x`` holds inf or nan.
+
+    See Also
+    --------
+    exact_row, condition_number
+
+    Examples
+    --------
+    >>> s = exact(np.array([[1.0, 2.0, 4.0]]))
+    >>> s.mean.round(6).tolist(), s.var.round(6).tolist()
+    ([2.333333], [1.555556])
     """
     x = as_rows(x, "x")  # read only (tolist), so no copy
     _check_finite(x, "x")
@@ -368,13 +520,12 @@ def exact(x: ArrayLike) -> RowStats:
 
 
 def condition_number(stats: RowStats) -> np.ndarray:
-    """Condition number of the variance of each row, :math:`\\kappa = \\sqrt{1 + \\mu^2/\\sigma^2}`.
+    r"""Condition number of each row's variance, ``kappa = sqrt(1 + mean**2 / var)``.
 
-    A relative perturbation of size :math:`u` in every value changes the
-    variance by a relative amount of at most about :math:`2u\\kappa`; the naive
-    formula's rounding error is about :math:`u\\kappa^2` (Chan, Golub and
-    LeVeque 1983). :math:`\\kappa = 1` for a row centred at zero and about
-    :math:`|\\mu|/\\sigma` for a row whose mean is large against its spread.
+    A relative perturbation of size ``u`` in every value changes the variance by
+    a relative amount of at most about ``2 u kappa``; the naive formula's rounding
+    error is about ``u kappa**2`` (Chan, Golub and LeVeque 1983). ``kappa = 1``
+    for a row centred at zero, about ``|mean| / std`` for a large offset.
 
     Parameters
     ----------
@@ -383,9 +534,19 @@ def condition_number(stats: RowStats) -> np.ndarray:
 
     Returns
     -------
-    ndarray, float64, shape of ``stats.var``
-        ``inf`` for a constant nonzero row (:math:`\\sigma^2 = 0`), ``nan``
-        for a row of zeros; no warning is raised for either.
+    ndarray of float64, shape of ``stats.var``
+        ``inf`` for a constant nonzero row, ``nan`` for a row of zeros; no
+        warning is raised for either.
+
+    See Also
+    --------
+    exact, naive
+
+    Examples
+    --------
+    >>> rows = np.array([[1.0, -1.0], [101.0, 99.0], [3.0, 3.0]])
+    >>> condition_number(exact(rows)).round(3).tolist()
+    [1.0, 100.005, inf]
     """
     mean = np.asarray(stats.mean, dtype=np.float64)
     var = np.asarray(stats.var, dtype=np.float64)

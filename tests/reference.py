@@ -11,7 +11,9 @@ EPS = 1e-5
 def make_inputs(shape, dtype=np.float64, seed=0, loc=0.0, scale=1.0, param_scale=0.5):
     """``lnorm.bench.make_inputs`` with the core tests' defaults: x ~ N(loc, scale),
     gamma ~ N(1, param_scale), beta ~ N(0, param_scale), dy ~ N(0, 1)."""
-    return bench.make_inputs(shape, dtype, seed, loc=loc, scale=scale, param_scale=param_scale)
+    return bench.make_inputs(
+        shape, dtype, seed, loc=loc, scale=scale, param_scale=param_scale
+    )
 
 
 def chain_rule_forward(x, gamma, beta, eps=EPS, mean=None, var=None):
@@ -24,7 +26,7 @@ def chain_rule_forward(x, gamma, beta, eps=EPS, mean=None, var=None):
     mu = x.sum(-1, keepdims=True) / D if mean is None else mean
     xc = x - mu
     if var is None:
-        var = (xc ** 2).sum(-1, keepdims=True) / D
+        var = (xc**2).sum(-1, keepdims=True) / D
     std = np.sqrt(var + eps)
     rstd = 1.0 / std
     xhat = xc * rstd
@@ -33,7 +35,8 @@ def chain_rule_forward(x, gamma, beta, eps=EPS, mean=None, var=None):
 
 
 def chain_rule_backward(dy, gamma, t, eps=EPS):
-    """Backpropagate through each node in turn: affine -> normalize -> variance -> mean."""
+    """Backpropagate through each node in turn: affine -> normalize -> variance ->
+    mean."""
     D, xc, var, rstd, xhat = t["D"], t["xc"], t["var"], t["rstd"], t["xhat"]
     lead = tuple(range(dy.ndim - 1))
     dgamma = (dy * xhat).sum(lead)
@@ -67,8 +70,9 @@ def dx_term_sizes(dy, cache):
     rstd * (|g| + mean|g| + |xhat| * mean|g * xhat|) with g = gamma * dy."""
     g = np.abs(dy.astype(np.float64) * cache.gamma)
     xh = np.abs(cache.xhat.astype(np.float64))
-    return cache.rstd[..., None] * (g + g.mean(-1, keepdims=True)
-                                    + xh * (g * xh).mean(-1, keepdims=True))
+    return cache.rstd[..., None] * (
+        g + g.mean(-1, keepdims=True) + xh * (g * xh).mean(-1, keepdims=True)
+    )
 
 
 def assert_within_rounding_of_terms(dy, cache, ref, got, dx_factor, param_factor):
@@ -81,7 +85,9 @@ def assert_within_rounding_of_terms(dy, cache, ref, got, dx_factor, param_factor
     assert np.all(np.abs(got[0].astype(np.float64) - dx) <= bound)
     lead = tuple(range(dy.ndim - 1))
     dy64 = dy.astype(np.float64)
-    for r, g, terms in [(dgamma, got[1], np.abs(dy64 * cache.xhat).sum(lead)),
-                        (dbeta, got[2], np.abs(dy64).sum(lead))]:
+    for r, g, terms in [
+        (dgamma, got[1], np.abs(dy64 * cache.xhat).sum(lead)),
+        (dbeta, got[2], np.abs(dy64).sum(lead)),
+    ]:
         ulp = np.spacing(np.abs(r)).astype(np.float64)
         assert np.all(np.abs(g.astype(np.float64) - r) <= ulp + param_factor * terms)

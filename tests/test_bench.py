@@ -14,7 +14,12 @@ SMALL_SHAPE = ["2", "4", "16"]  # 8 rows of D = 16
 
 
 def _quick_json(capsys, *extra):
-    assert bench.main(["--quick", "--json", "--repeat", "2", "--shape", *SMALL_SHAPE, *extra]) == 0
+    assert (
+        bench.main(
+            ["--quick", "--json", "--repeat", "2", "--shape", *SMALL_SHAPE, *extra]
+        )
+        == 0
+    )
     return json.loads(capsys.readouterr().out)
 
 
@@ -23,10 +28,16 @@ def test_quick_json_report_is_well_formed(capsys):
     assert set(report) == {"machine", "repeat", "seed", "copy_bytes", "results"}
     assert report["repeat"] == 2 and report["seed"] == 3
     machine = report["machine"]
-    assert machine["blas_threads"] == 1 and machine["numba"] and machine["numpy"] == np.__version__
+    assert (
+        machine["blas_threads"] == 1
+        and machine["numba"]
+        and machine["numpy"] == np.__version__
+    )
     assert isinstance(machine["cpu"], str) and machine["cpu"]
     llc = max(machine["cache_bytes"].values(), default=0)
-    assert report["copy_bytes"] >= 2 * 4 * llc  # source and destination, each >= 4 x LLC
+    assert (
+        report["copy_bytes"] >= 2 * 4 * llc
+    )  # source and destination, each >= 4 x LLC
     rows = report["results"]
     assert {(r["impl"], r["direction"]) for r in rows} == {
         (impl, d) for impl in bench.IMPLEMENTATIONS for d in ("forward", "backward")
@@ -40,7 +51,9 @@ def test_quick_json_report_is_well_formed(capsys):
         assert r["gbs"] == pytest.approx(r["floor_bytes"] / s["median"] / 1e9)
         assert r["x_floor"] > 0 and r["speedup_vs_reference"] > 0
         assert (r["block_rows"] is None) == (r["impl"] != "tiled")
-    assert {r["block_rows"] for r in rows if r["impl"] == "tiled"} == {lnorm.core.tile_rows(16)}
+    assert {r["block_rows"] for r in rows if r["impl"] == "tiled"} == {
+        lnorm.core.tile_rows(16)
+    }
 
 
 def test_ratios_are_taken_within_each_round(monkeypatch):
@@ -49,7 +62,9 @@ def test_ratios_are_taken_within_each_round(monkeypatch):
     script = {"copy": [1.0, 2.0, 4.0]}
     for impl in bench.IMPLEMENTATIONS:
         for d in ("forward", "backward"):
-            script[(impl, d)] = [1.0, 1.0, 1.0] if impl == "reference" else [0.5, 2.0, 8.0]
+            script[(impl, d)] = (
+                [1.0, 1.0, 1.0] if impl == "reference" else [0.5, 2.0, 8.0]
+            )
 
     def fake_round_robin(calls, repeat, seed=0):
         return {key: list(script[key]) for key in calls}
@@ -73,13 +88,24 @@ def test_floor_bytes_are_the_hand_counted_minimum(capsys):
     # forward: read x, gamma, beta; write y, xhat (f32), rstd (f64 per row).
     forward = rows * D * f32 + 2 * D * f32 + 2 * rows * D * f32 + rows * f64
     for r in report["results"]:
-        assert r["floor_bytes"] == (backward if r["direction"] == "backward" else forward)
+        assert r["floor_bytes"] == (
+            backward if r["direction"] == "backward" else forward
+        )
         if r["impl"] == "tiled":
             assert r["block_rows"] == 3
 
 
 def test_table_has_one_line_per_measurement(capsys):
-    argv = ["--quick", "--repeat", "1", "--shape", *SMALL_SHAPE, "--dtype", "float64", "float16"]
+    argv = [
+        "--quick",
+        "--repeat",
+        "1",
+        "--shape",
+        *SMALL_SHAPE,
+        "--dtype",
+        "float64",
+        "float16",
+    ]
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     assert "xfloor" in out and "GB/s" in out
@@ -100,8 +126,17 @@ def test_progress_line_appears_only_for_long_runs(capsys):
     assert capsys.readouterr().err == "\r[1/2] shape" + " " * 35 + "\n"
 
 
-@pytest.mark.parametrize("argv", [["--repeat", "0"], ["--block-rows", "0"], ["--shape", "4", "0"],
-                                  ["--dtype", "int8"], ["--threads", "0"], ["--seed", "-1"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--repeat", "0"],
+        ["--block-rows", "0"],
+        ["--shape", "4", "0"],
+        ["--dtype", "int8"],
+        ["--threads", "0"],
+        ["--seed", "-1"],
+    ],
+)
 def test_bad_options_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as err:
         bench.main(argv)
@@ -126,7 +161,9 @@ def test_reference_matches_lnorm_in_float64(shape):
     np.testing.assert_allclose(y_ref, y.reshape(-1, shape[-1]), rtol=1e-13, atol=1e-13)
     dx_ref, dgamma_ref, dbeta_ref = bench.reference_backward(dy, saved, gamma)
     dx, dgamma, dbeta = lnorm.backward(dy, cache)
-    np.testing.assert_allclose(dx_ref, dx.reshape(-1, shape[-1]), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        dx_ref, dx.reshape(-1, shape[-1]), rtol=1e-12, atol=1e-12
+    )
     np.testing.assert_allclose(dgamma_ref, dgamma, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dbeta_ref, dbeta, rtol=1e-12, atol=1e-12)
 
@@ -169,7 +206,7 @@ def test_time_round_robin_shuffles_the_order():
     order = []
     calls = {k: (lambda k=k: order.append(k)) for k in "abcdef"}
     bench.time_round_robin(calls, repeat=4, seed=1)
-    rounds = [order[6 + 6 * i: 12 + 6 * i] for i in range(4)]  # after the warm-up
+    rounds = [order[6 + 6 * i : 12 + 6 * i] for i in range(4)]  # after the warm-up
     assert all(sorted(r) == list("abcdef") for r in rounds)
     assert len({tuple(r) for r in rounds}) > 1
 

@@ -5,9 +5,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-
-import lnorm
-from lnorm.core import LayerNormCache, backward, forward, tile_rows
 from reference import (
     EPS,
     assert_within_rounding_of_terms,
@@ -17,8 +14,11 @@ from reference import (
     max_rel_err,
 )
 
+import lnorm
+from lnorm.core import LayerNormCache, backward, forward, tile_rows
 
 # --- correctness ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(7,), (5, 16), (2, 3, 8), (2, 2, 3, 5), (4, 1024)])
 def test_backward_matches_step_by_step_chain_rule(shape):
@@ -51,7 +51,9 @@ def test_central_differences_of_all_three_gradients():
             plus, minus = arr.copy(), arr.copy()
             plus[idx] += h
             minus[idx] -= h
-            numeric[idx] = (loss({**args, name: plus}) - loss({**args, name: minus})) / (2 * h)
+            numeric[idx] = (
+                loss({**args, name: plus}) - loss({**args, name: minus})
+            ) / (2 * h)
         err = max_rel_err(grads[name], numeric)
         assert err < 1e-8, f"d{name}: relative error {err:.2e}"
 
@@ -68,6 +70,7 @@ def test_gradient_of_shift_and_scale_directions():
 
 
 # --- shapes and dtypes ------------------------------------------------------------
+
 
 @pytest.mark.parametrize("shape", [(16,), (6, 16), (2, 3, 16), (2, 1, 3, 16)])
 def test_leading_shapes_equal_the_flattened_rows(shape):
@@ -115,7 +118,9 @@ def test_low_precision_matches_float64_on_the_same_values(dtype, tol):
 def test_float32_stays_accurate_at_large_offset():
     # Rows with mean 1e4 and std 1: a float32 mean would carry an error of about
     # u32 * 1e4 ~ 6e-4 into every xhat. lnorm centres in float64.
-    x, gamma, beta, dy = make_inputs((8, 1024), dtype=np.float32, seed=9, loc=1e4, scale=1.0)
+    x, gamma, beta, dy = make_inputs(
+        (8, 1024), dtype=np.float32, seed=9, loc=1e4, scale=1.0
+    )
     y, cache = forward(x, gamma, beta)
     dx, dgamma, dbeta = backward(dy, cache)
     up = [a.astype(np.float64) for a in (x, gamma, beta, dy)]
@@ -134,6 +139,7 @@ def test_float32_stays_accurate_at_large_offset():
 
 
 # --- degenerate rows ----------------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_d_equals_one_gives_beta_and_zero_gradient(dtype):
@@ -164,7 +170,9 @@ def test_constant_row_gives_xhat_zero_exactly(value, dtype):
     dx, _, _ = backward(dy, cache)
     g = gamma.astype(np.float64)
     expected = (g - g.mean()) / np.sqrt(EPS)
-    np.testing.assert_allclose(dx[0].astype(np.float64), expected, rtol=1e-3 if dtype == np.float16 else 1e-6)
+    np.testing.assert_allclose(
+        dx[0].astype(np.float64), expected, rtol=1e-3 if dtype == np.float16 else 1e-6
+    )
 
 
 @pytest.mark.parametrize("shape", [(0, 8), (2, 0, 8), (0, 0, 1)])
@@ -195,6 +203,7 @@ def test_nonfinite_values_stay_in_their_row(bad):
 
 # --- inputs are never modified; the cache is immutable ---------------------------
 
+
 def test_inputs_are_not_modified():
     x, gamma, beta, dy = make_inputs((3, 5, 8), dtype=np.float32, seed=6)
     originals = [a.copy() for a in (x, gamma, beta, dy)]
@@ -215,10 +224,15 @@ def test_cache_is_frozen_and_does_not_alias_gamma():
         cache.xhat[0, 0] = 1.0
     gamma[0] += 1.0  # the caller's array changes later; the cache must not
     assert cache.gamma[0] != gamma[0]
-    assert set(f.name for f in dataclasses.fields(LayerNormCache)) == {"xhat", "rstd", "gamma"}
+    assert set(f.name for f in dataclasses.fields(LayerNormCache)) == {
+        "xhat",
+        "rstd",
+        "gamma",
+    }
 
 
 # --- bad input -----------------------------------------------------------------------
+
 
 def test_public_api_is_reexported():
     assert lnorm.forward is forward and lnorm.backward is backward
@@ -230,7 +244,11 @@ def test_public_api_is_reexported():
     [
         (dict(gamma=np.ones(3)), ValueError, ["gamma", "(4,)"]),
         (dict(beta=np.ones((1, 4))), ValueError, ["beta", "(4,)"]),
-        (dict(x=np.ones((2, 4), dtype=np.int64)), TypeError, ["x", "floating", "astype"]),
+        (
+            dict(x=np.ones((2, 4), dtype=np.int64)),
+            TypeError,
+            ["x", "floating", "astype"],
+        ),
         (dict(x=np.ones((2, 4), dtype=np.complex128)), TypeError, ["x", "floating"]),
         (dict(gamma=np.ones(4, dtype=np.int32)), TypeError, ["gamma", "floating"]),
         (dict(x=np.array(1.0)), ValueError, ["x", "0-d"]),
@@ -277,8 +295,15 @@ def test_array_likes_are_accepted():
 
 # (shape, block_rows): rows not a multiple of the block, one row, D = 1, zero rows,
 # a block larger than the tensor, blocks of one row, three dimensions.
-AWKWARD = [((7, 5), 3), ((1, 9), 4), ((6, 1), 4), ((0, 4), 2), ((3, 8), 100), ((5, 6), 1),
-           ((2, 3, 10), 4)]
+AWKWARD = [
+    ((7, 5), 3),
+    ((1, 9), 4),
+    ((6, 1), 4),
+    ((0, 4), 2),
+    ((3, 8), 100),
+    ((5, 6), 1),
+    ((2, 3, 10), 4),
+]
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -295,8 +320,9 @@ def test_tiled_backward_equals_the_default_to_rounding(shape, block_rows, dtype)
     # rounding by one unit.
     D, rows = shape[-1], int(np.prod(shape[:-1]))
     u64 = np.finfo(np.float64).eps
-    assert_within_rounding_of_terms(dy, cache, ref, tiled,
-                                    dx_factor=8 * D * u64, param_factor=4 * (rows + D) * u64)
+    assert_within_rounding_of_terms(
+        dy, cache, ref, tiled, dx_factor=8 * D * u64, param_factor=4 * (rows + D) * u64
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
@@ -332,8 +358,9 @@ def test_tiled_does_not_modify_inputs():
     backward(dy, cache, block_rows=2)
 
 
-@pytest.mark.parametrize("bad, exc", [(0, ValueError), (-3, ValueError), (2.5, TypeError),
-                                      (True, TypeError)])
+@pytest.mark.parametrize(
+    "bad, exc", [(0, ValueError), (-3, ValueError), (2.5, TypeError), (True, TypeError)]
+)
 def test_block_rows_is_validated(bad, exc):
     x, gamma, beta, dy = make_inputs((4, 3), np.float64)
     _, cache = forward(x, gamma, beta)

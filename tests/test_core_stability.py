@@ -7,19 +7,27 @@ chain rule of tests/reference.py evaluated from them in float64."""
 
 import numpy as np
 import pytest
+from reference import (
+    EPS,
+    chain_rule_backward,
+    chain_rule_forward,
+    make_inputs,
+    max_rel_err,
+)
 
 import lnorm
 from lnorm.core import backward_formula, forward_formula
 from lnorm.variance import exact
-from reference import EPS, chain_rule_backward, chain_rule_forward, make_inputs, max_rel_err
 
 
 def exact_reference(x, gamma, beta, dy, eps=EPS):
-    """y, dx, dgamma, dbeta in float64: the chain rule from the exact mean and variance of x."""
+    """y, dx, dgamma, dbeta in float64: the chain rule from the exact mean and variance
+    of x."""
     stats = exact(x)
     x64, gamma64, beta64, dy64 = (a.astype(np.float64) for a in (x, gamma, beta, dy))
-    y, t = chain_rule_forward(x64, gamma64, beta64, eps,
-                              mean=stats.mean[..., None], var=stats.var[..., None])
+    y, t = chain_rule_forward(
+        x64, gamma64, beta64, eps, mean=stats.mean[..., None], var=stats.var[..., None]
+    )
     return (y, *chain_rule_backward(dy64, gamma64, t, eps))
 
 
@@ -53,7 +61,8 @@ def test_the_1e6_bound_fails_for_float32_statistics_at_1e4_std():
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 30.0, 1e3])
 @pytest.mark.parametrize("offset", [0.0, 10.0])
 def test_float16_inputs_stay_within_1e2(scale, offset):
-    # scale 30 and 1e3: a sum of squares in float16 would overflow (D * scale^2 > 65504).
+    # scale 30 and 1e3: a sum of squares in float16 would overflow (D * scale^2 >
+    # 65504).
     x, gamma, beta, dy = inputs(np.float16, offset=offset * scale, scale=scale)
     y_ref, dx_ref, dgamma_ref, dbeta_ref = exact_reference(x, gamma, beta, dy)
     y, cache = lnorm.forward(x, gamma, beta, EPS)
@@ -69,9 +78,12 @@ def test_float16_inputs_stay_within_1e2(scale, offset):
 @pytest.mark.parametrize("sigma", [0.0, 1e-9, 1e-6, 1e-4, 3e-3, 1.0])
 @pytest.mark.parametrize("eps", [1e-5, 1e-12])
 def test_eps_bounds_rstd_and_the_gradient_of_nearly_constant_rows(sigma, eps):
-    # |dx_j| <= rstd |gamma|_inf |dy|_inf (2 + sqrt(D-1) var rstd^2), rstd <= 1/sqrt(eps).
+    # |dx_j| <= rstd |gamma|_inf |dy|_inf (2 + sqrt(D-1) var rstd^2), rstd <=
+    # 1/sqrt(eps).
     x, gamma, _, dy = inputs(np.float64, scale=sigma, D=256, rows=8, seed=1)
-    x = x + 0.75  # the bound is translation invariant; 0.75 + sigma*z is exact enough here
+    x = (
+        x + 0.75
+    )  # the bound is translation invariant; 0.75 + sigma*z is exact enough here
     beta = np.zeros_like(gamma)
     _, cache = lnorm.forward(x, gamma, beta, eps)
     dx, _, _ = lnorm.backward(dy, cache)
@@ -85,5 +97,7 @@ def test_eps_bounds_rstd_and_the_gradient_of_nearly_constant_rows(sigma, eps):
     if sigma == 0.0:
         # A constant row: xhat = 0, so dx = (g - mean(g)) / sqrt(eps) exactly in form.
         g = gamma * dy
-        np.testing.assert_allclose(dx, (g - g.mean(-1, keepdims=True)) / np.sqrt(eps), rtol=1e-12)
+        np.testing.assert_allclose(
+            dx, (g - g.mean(-1, keepdims=True)) / np.sqrt(eps), rtol=1e-12
+        )
         assert np.all(np.abs(dx).max(-1) <= 2.0 * g_inf / np.sqrt(eps))

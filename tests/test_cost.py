@@ -2,7 +2,6 @@
 
 import inspect
 
-import numpy as np
 import pytest
 
 import lnorm
@@ -17,6 +16,7 @@ SMALL = dict(rows=2, D=3, itemsize=4, stat_itemsize=8)
 
 # --- fused: each input read once, each output written once ------------------------
 
+
 def test_fused_backward_counts():
     t = cost.traffic("backward", "fused", **SMALL)
     # reads dy, xhat (full), rstd (row), gamma (param); writes dx (full), dgamma, dbeta.
@@ -24,7 +24,8 @@ def test_fused_backward_counts():
     assert t.bytes_written == FULL + 2 * PARAM == 48
     assert t.bytes == 124
     assert t.passes == 3
-    # Per element: g, dy*xhat, sum g, 2 for (dy*xhat)@gamma, u, t, v, dx, dgamma, dbeta = 11;
+    # Per element: g, dy*xhat, sum g, 2 for (dy*xhat)@gamma, u, t, v, dx, dgamma, dbeta
+    # = 11;
     # per row: the two divisions by D.
     assert t.flops == 11 * 6 + 2 * 2 == 70
 
@@ -42,7 +43,8 @@ def test_fused_forward_counts_depend_on_what_is_saved(saved, written, passes):
     assert t.bytes_read == FULL + 2 * PARAM  # x, gamma, beta
     assert t.bytes_written == written
     assert t.passes == passes
-    # mean (1), x - mean, square, sum (3), scale by rstd, gamma *, + beta (3) per element;
+    # mean (1), x - mean, square, sum (3), scale by rstd, gamma *, + beta (3) per
+    # element;
     # per row: mean's /D, var's /D, + eps, sqrt, reciprocal.
     assert t.flops == 7 * 6 + 5 * 2 == 52
 
@@ -59,11 +61,14 @@ def test_fused_backward_from_other_saved_tensors(saved, extra_read):
 
 # --- numpy: one read per operand, one write per temporary --------------------------
 
+
 def test_numpy_backward_counts():
     t = cost.traffic("backward", "numpy", **SMALL)
     # Reads of full-size tensors, step by step: g=dy*gamma (dy), dy*xhat (dy, xhat),
-    # sum g (g), (dy*xhat)@gamma (dy_xhat), u=g-mean_g (g), t=xhat*m (xhat), v=u-t (u, t),
-    # dx=rstd*v (v), dgamma (dy_xhat), dbeta (dy): 12. Writes: g, dy_xhat, u, t, v, dx: 6.
+    # sum g (g), (dy*xhat)@gamma (dy_xhat), u=g-mean_g (g), t=xhat*m (xhat), v=u-t (u,
+    # t),
+    # dx=rstd*v (v), dgamma (dy_xhat), dbeta (dy): 12. Writes: g, dy_xhat, u, t, v, dx:
+    # 6.
     # Row vectors read: mean_g, mean_gxhat, rstd; written: mean_g, mean_gxhat.
     # Parameters read: gamma twice; written: dgamma, dbeta.
     assert t.bytes_read == 12 * FULL + 3 * ROW + 2 * PARAM == 360
@@ -86,8 +91,12 @@ def test_numpy_backward_with_float64_working_copies():
     full64 = 2 * FULL
     # dy and xhat are converted (read 24, write 48 each); the 18 passes of the program
     # are then over 48-byte tensors; dx is converted back (read 48, write 24).
-    assert t.bytes_read == 2 * FULL + (12 * full64 + 3 * ROW + 2 * PARAM) + full64 == 744
-    assert t.bytes_written == 2 * full64 + (6 * full64 + 2 * ROW + 2 * PARAM) + FULL == 464
+    assert (
+        t.bytes_read == 2 * FULL + (12 * full64 + 3 * ROW + 2 * PARAM) + full64 == 744
+    )
+    assert (
+        t.bytes_written == 2 * full64 + (6 * full64 + 2 * ROW + 2 * PARAM) + FULL == 464
+    )
     assert t.passes == 18 + 3 * 2
     # Working in the input's own dtype converts nothing: the plain program.
     same = cost.traffic("backward", "numpy", work_itemsize=4, **SMALL)
@@ -96,6 +105,7 @@ def test_numpy_backward_with_float64_working_copies():
 
 
 # --- tiled: fused traffic plus per-block parameter traffic --------------------------
+
 
 def _dram(t):
     return (t.flops, t.bytes_read, t.bytes_written, t.passes)
@@ -113,6 +123,7 @@ def test_tiled_one_block_moves_what_fused_moves():
 
 
 # --- the two levels, write-allocate, converted copies ---------------------------------
+
 
 def test_op_by_op_streams_everything_through_memory():
     for direction in cost.DIRECTIONS:
@@ -197,10 +208,13 @@ def test_per_element_and_intensity():
 def test_zero_rows_moves_only_parameters():
     t = cost.traffic("backward", "numpy", rows=0, D=3, itemsize=4)
     assert t.flops == 0 and t.passes == 18
-    assert t.bytes_read == 2 * 12 and t.bytes_written == 2 * 12  # gamma twice; dgamma, dbeta
+    assert (
+        t.bytes_read == 2 * 12 and t.bytes_written == 2 * 12
+    )  # gamma twice; dgamma, dbeta
 
 
 # --- cache memory ---------------------------------------------------------------------
+
 
 def test_cache_bytes():
     kw = dict(rows=2, D=3, itemsize=4, stat_itemsize=4)
@@ -214,7 +228,8 @@ def test_cache_bytes():
     assert cost.cache_bytes("y_rstd", kept_alive={"y"}, **kw) == 8
 
 
-# --- validation -------------------------------------------------------------------------
+# --- validation -----------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "kwargs, exc, match",
@@ -230,7 +245,9 @@ def test_cache_bytes():
     ],
 )
 def test_traffic_rejects_bad_arguments(kwargs, exc, match):
-    args = dict(direction="backward", schedule="fused", rows=2, D=3, itemsize=4) | kwargs
+    args = (
+        dict(direction="backward", schedule="fused", rows=2, D=3, itemsize=4) | kwargs
+    )
     direction, schedule = args.pop("direction"), args.pop("schedule")
     with pytest.raises(exc, match=match):
         cost.traffic(direction, schedule, **args)
@@ -243,11 +260,15 @@ def test_cache_bytes_rejects_unknown_alive_tensor():
 
 # --- the model counts the code the benchmark runs ------------------------------------
 
+
 def test_numpy_program_is_the_benchmark_reference():
-    # The reference forward and backward are forward_formula and backward_formula on the rows.
+    # The reference forward and backward are forward_formula and backward_formula on the
+    # rows.
     assert "forward_formula(" in inspect.getsource(bench.reference_forward)
     assert "backward_formula(" in inspect.getsource(bench.reference_backward)
-    source = inspect.getsource(lnorm.core.forward_formula) + inspect.getsource(lnorm.core.backward_formula)
+    source = inspect.getsource(lnorm.core.forward_formula) + inspect.getsource(
+        lnorm.core.backward_formula
+    )
     for direction in cost.DIRECTIONS:
         for step in cost.numpy_program(direction):
             assert step.code in source, step.code

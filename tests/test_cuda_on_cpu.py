@@ -10,10 +10,8 @@ overflow), a misaligned vector load, and a shuffle by a partial warp.
 
 from __future__ import annotations
 
-import math
 import re
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -28,7 +26,16 @@ F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 #: 1027, 4099 (block, scalar), 8192 (block, vector, the longest row). Rows
 #: leave a short last strip in the backward (rows % 16 != 0) and, for warps,
 #: a partly empty last block; few rows where a block has hundreds of threads.
-SHAPES = ((37, 1), (21, 2), (40, 7), (19, 512), (18, 513), (17, 1027), (5, 4099), (3, 8192))
+SHAPES = (
+    (37, 1),
+    (21, 2),
+    (40, 7),
+    (19, 512),
+    (18, 513),
+    (17, 1027),
+    (5, 4099),
+    (3, 8192),
+)
 SANITIZED_SHAPES = ((18, 7), (5, 512), (3, 513), (2, 1027))
 DIRTY = ("ERROR: AddressSanitizer", "runtime error", "WARNING: ThreadSanitizer")
 
@@ -41,7 +48,9 @@ def host():
     return cpu.HostLayerNorm()
 
 
-def assert_same_bits(got: dict, want: dict, what: str, nan_payload: bool = True) -> None:
+def assert_same_bits(
+    got: dict, want: dict, what: str, nan_payload: bool = True
+) -> None:
     """Every output identical as raw bits; with ``nan_payload=False`` NaNs need only
     sit in the same places (IEEE leaves the sign and payload of a NaN made from
     two NaNs to the implementation: g++ and NumPy may order an addition's operands
@@ -54,7 +63,9 @@ def assert_same_bits(got: dict, want: dict, what: str, nan_payload: bool = True)
         gb, wb = g.view(bits), w.view(bits)
         if not nan_payload:
             nan = np.isnan(w)
-            np.testing.assert_array_equal(np.isnan(g), nan, err_msg=f"NaN positions of {k}, {what}")
+            np.testing.assert_array_equal(
+                np.isnan(g), nan, err_msg=f"NaN positions of {k}, {what}"
+            )
             gb, wb = np.where(nan, 0, gb), np.where(nan, 0, wb)
         np.testing.assert_array_equal(gb, wb, err_msg=f"{k}, {what}")
 
@@ -67,8 +78,12 @@ def run_both(host, inp: dict) -> tuple[dict, dict]:
 
 def test_shapes_reach_every_kernel_variant():
     names = {n for f in kernels.KERNEL_FILES for n in kernels.kernel_params(f)}
-    reached = {kernels.plan(rows, D, dt).kernel(direction) for rows, D in SHAPES
-               for dt in (F32, F16) for direction in ("forward", "backward")}
+    reached = {
+        kernels.plan(rows, D, dt).kernel(direction)
+        for rows, D in SHAPES
+        for dt in (F32, F16)
+        for direction in ("forward", "backward")
+    }
     assert reached | {"ln_bwd_reduce_params"} == names
 
 
@@ -110,16 +125,27 @@ def test_leading_dimensions_zero_rows_and_determinism(host):
     again, _ = run_both(host, inp3)
     assert_same_bits(again, got, "second run")
     empty = np.zeros((0, 7), np.float32)
-    y, hi, lo, rstd = host.forward(empty, np.ones(7, np.float32), np.zeros(7, np.float32))
-    dx, dgamma, dbeta = host.backward(empty, empty, np.ones(7, np.float32), hi, lo, rstd)
-    assert y.shape == (0, 7) and hi.shape == (0,) and (dgamma == 0).all() and (dbeta == 0).all()
+    y, hi, lo, rstd = host.forward(
+        empty, np.ones(7, np.float32), np.zeros(7, np.float32)
+    )
+    dx, dgamma, dbeta = host.backward(
+        empty, empty, np.ones(7, np.float32), hi, lo, rstd
+    )
+    assert (
+        y.shape == (0, 7)
+        and hi.shape == (0,)
+        and (dgamma == 0).all()
+        and (dbeta == 0).all()
+    )
 
 
 @pytest.mark.parametrize("offset", [0.0, 1e2, 1e4, 1e6])
 def test_accuracy_is_flat_in_the_offset(host, offset):
     err = check.offset_errors(host.forward, host.backward, 1024, offset, rows=4)
     assert err["y"] <= 2e-7 and err["dx"] <= 2e-7, err
-    assert err == check.offset_errors(emulate.forward, emulate.backward, 1024, offset, rows=4)
+    assert err == check.offset_errors(
+        emulate.forward, emulate.backward, 1024, offset, rows=4
+    )
 
 
 def test_launch_checks_argument_kinds(host):
@@ -148,17 +174,22 @@ def run(code: str, flags=(), source_dir=None) -> tuple[int, str]:
 
 def selftest(shapes, flags, source_dir=None, dtypes=("float32", "float16")) -> str:
     src = None if source_dir is None else str(source_dir)
-    return (f"from lnorm.gpu.host import selftest\n"
-            f"selftest({shapes!r}, {dtypes!r}, {tuple(flags)!r}, {src!r})")
+    return (
+        f"from lnorm.gpu.host import selftest\n"
+        f"selftest({shapes!r}, {dtypes!r}, {tuple(flags)!r}, {src!r})"
+    )
 
 
 def modified_copy(tmp_path, filename: str, edit) -> str:
-    """Copies of the .cu files in tmp_path, ``filename`` passed through ``edit(text)``."""
+    """Copies of the .cu files in tmp_path, ``filename`` passed through ``edit(text)``.
+    """
     for name in (kernels.COMMON_FILE, *kernels.KERNEL_FILES):
         shutil.copy(kernels.SOURCE_DIR / name, tmp_path / name)
     text = (tmp_path / filename).read_text()
     changed = edit(text)
-    assert changed != text, f"the edit no longer applies to {filename}: update this control"
+    assert changed != text, (
+        f"the edit no longer applies to {filename}: update this control"
+    )
     (tmp_path / filename).write_text(changed)
     return str(tmp_path)
 
@@ -174,7 +205,9 @@ def test_sanitizers_find_nothing(host, kind):
 
 @pytest.mark.slow
 def test_control_missing_barrier_is_a_data_race(host, tmp_path):
-    def drop_first_barrier(text):  # the one between parking the warp sums and reading them
+    def drop_first_barrier(
+        text,
+    ):  # the one between parking the warp sums and reading them
         at = text.index("block_sum(V v")
         return text[:at] + text[at:].replace("__syncthreads();", "", 1)
 
@@ -187,11 +220,16 @@ def test_control_missing_barrier_is_a_data_race(host, tmp_path):
 
 @pytest.mark.slow
 def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
-    src = modified_copy(tmp_path, "layernorm_forward.cu",
-                        lambda t: t.replace("if (v < nvec)", "if (v <= nvec)", 1))
+    src = modified_copy(
+        tmp_path,
+        "layernorm_forward.cu",
+        lambda t: t.replace("if (v < nvec)", "if (v <= nvec)", 1),
+    )
     flags = cpu.SANITIZE["asan"]
     rc, out = run(selftest(((3, 7),), flags, src, ("float32",)), flags, src)
-    assert rc != 0 and "ERROR: AddressSanitizer: heap-buffer-overflow" in out, out[-4000:]
+    assert rc != 0 and "ERROR: AddressSanitizer: heap-buffer-overflow" in out, out[
+        -4000:
+    ]
     assert "layernorm_forward" in out, out[-4000:]
 
 
@@ -209,14 +247,17 @@ with h.buffers() as new:
     x = new(({rows * D + 1},), np.float32, 1.0)[1:]  # 4 bytes past a 16-byte boundary
     assert x.ctypes.data % 16 == 4
     params = [new(({D},), np.float32, 1.0) for _ in range(2)]
-    outs = [new(({rows * D},), np.float32)] + [new(({rows},), np.float32) for _ in range(3)]
+    outs = [new(({rows * D},), np.float32)]
+    outs += [new(({rows},), np.float32) for _ in range(3)]
     h.launch({p.kernel("forward")!r}, ({p.forward_grid},), ({p.block},),
              (x, *params, *outs, np.int32({rows}), np.int32({D}), np.float32(1e-5)))
 print("no error")
 """
     rc, out = run(code, flags)
     # "load of" or "reference binding to" misaligned address, by the optimization level
-    assert rc != 0 and re.search(r"runtime error: .* misaligned address .*float4", out), out[-4000:]
+    assert rc != 0 and re.search(
+        r"runtime error: .* misaligned address .*float4", out
+    ), out[-4000:]
     assert "Vec<float, 4>::load" in out and "no error" not in out, out[-4000:]
 
 
@@ -231,7 +272,8 @@ import numpy as np
 from lnorm.gpu.host import HostLayerNorm
 h = HostLayerNorm()
 with h.buffers() as new:
-    args = [new((14,), np.float32, 1.0), *(new((7,), np.float32, 1.0) for _ in range(2)),
+    args = [new((14,), np.float32, 1.0),
+            *(new((7,), np.float32, 1.0) for _ in range(2)),
             new((14,), np.float32), *(new((2,), np.float32) for _ in range(3))]
     h.launch({p.kernel("forward")!r}, (1,), (48,),
              (*args, np.int32(2), np.int32(7), np.float32(1e-5)))
@@ -240,11 +282,16 @@ print("no error")
         rc, out = run(code)
         assert "warp 1 has 16 threads" in out, out[-4000:]
     else:  # lane 5 of every warp leaves before the first shuffle
+
         def lane_returns(text):
-            line = re.search(r"^.*= rank_in_group<PER_BLOCK>\(\).*$", text, re.M).group(0)
+            line = re.search(r"^.*= rank_in_group<PER_BLOCK>\(\).*$", text, re.M).group(
+                0
+            )
             return text.replace(line, line + "\n    if (t == 5) return;", 1)
 
         src = modified_copy(tmp_path, "layernorm_forward.cu", lane_returns)
         rc, out = run(selftest(((3, 7),), (), src, ("float32",)), (), src)
         assert "1 of 32 threads exited before reaching it" in out, out[-4000:]
-    assert rc != 0 and "cuda_host: partial-warp shuffle" in out and "no error" not in out
+    assert (
+        rc != 0 and "cuda_host: partial-warp shuffle" in out and "no error" not in out
+    )

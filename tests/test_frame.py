@@ -25,13 +25,21 @@ from __future__ import annotations
 
 import json
 import re
+
 import jupytext
 import pytest
 from bs4 import BeautifulSoup
-from built_site import ROOT, SITE, needs_site, toc_docnames
+from built_site import ROOT, SITE, toc_docnames
 
 # Pages of the table of contents that are not chapters: no frame.
 NOT_CHAPTERS = {"book/intro", "book/07_references", "book/glossary"}
+
+
+def is_chapter(doc: str) -> bool:
+    """A chapter of the book, not a front or back page or the API appendix."""
+    return doc not in NOT_CHAPTERS and not doc.startswith("book/api/")
+
+
 # Chapters still in the first edition's form; each issue that rewrites one
 # removes it here.
 NOT_YET_CONVERTED: set[str] = set()
@@ -43,7 +51,7 @@ GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`")
 
 
 def chapters() -> list[str]:
-    return [d for d in toc_docnames() if d not in NOT_CHAPTERS]
+    return [d for d in toc_docnames() if is_chapter(d)]
 
 
 def converted() -> list[str]:
@@ -78,7 +86,9 @@ def gated_solution_cells(cells) -> list[list[int]]:
             text = "".join(cell["source"])
             starts = [m.start() for m in re.finditer(r"\{solution-start\}", text)]
             ends = [m.start() for m in re.finditer(r"\{solution-end\}", text)]
-            for _, kind in sorted([(s, "start") for s in starts] + [(e, "end") for e in ends]):
+            for _, kind in sorted(
+                [(s, "start") for s in starts] + [(e, "end") for e in ends]
+            ):
                 if kind == "start":
                     solutions.append([])
                     inside = True
@@ -104,12 +114,16 @@ def test_visible_code_lines_fit_the_page(doc):
         for line in source.splitlines()
         if len(line) > MAX_LINE
     ]
-    assert not long, f"{doc}: visible code lines over {MAX_LINE} characters:\n" + "\n".join(long)
+    assert not long, (
+        f"{doc}: visible code lines over {MAX_LINE} characters:\n" + "\n".join(long)
+    )
 
 
 @pytest.mark.parametrize("doc", converted())
 def test_no_glue_in_visible_cells(doc):
-    shown = [i for i, source in visible_code_cells(read_notebook(doc)) if "glue(" in source]
+    shown = [
+        i for i, source in visible_code_cells(read_notebook(doc)) if "glue(" in source
+    ]
     assert not shown, (
         f"{doc}: cells {shown} show a glue( call; move it to a cell tagged remove-cell"
     )
@@ -130,7 +144,9 @@ def test_no_code_cell_inside_a_solution_directive(doc):
 @pytest.mark.parametrize("doc", converted())
 def test_prose_quotes_few_glued_values(doc):
     nb = read_notebook(doc)
-    roles = sum(len(GLUE_ROLE.findall(c.source)) for c in nb.cells if c.cell_type == "markdown")
+    roles = sum(
+        len(GLUE_ROLE.findall(c.source)) for c in nb.cells if c.cell_type == "markdown"
+    )
     assert roles <= MAX_GLUE_ROLES, (
         f"{doc}: {roles} glued values in the prose (at most {MAX_GLUE_ROLES}); "
         "put the rest in a figure or a Measurements table"
@@ -141,7 +157,9 @@ def test_prose_quotes_few_glued_values(doc):
 
 
 def page(doc: str) -> BeautifulSoup:
-    return BeautifulSoup((SITE / f"{doc}.html").read_text(encoding="utf-8"), "html.parser")
+    return BeautifulSoup(
+        (SITE / f"{doc}.html").read_text(encoding="utf-8"), "html.parser"
+    )
 
 
 def admonitions_before_first_section(soup: BeautifulSoup) -> dict[str, object]:
@@ -171,12 +189,18 @@ def test_chapter_opens_with_learn_and_need(doc):
     if not (SITE / f"{doc}.html").exists():
         pytest.skip(f"site not built: no {SITE / doc}.html")
     boxes = admonitions_before_first_section(page(doc))
-    learn = [b for t, b in boxes.items() if t.startswith("In this chapter you will learn")]
+    learn = [
+        b for t, b in boxes.items() if t.startswith("In this chapter you will learn")
+    ]
     need = [b for t, b in boxes.items() if t.startswith("You need")]
-    assert learn, f"{doc}: no 'In this chapter you will learn' box before the first section"
+    assert learn, (
+        f"{doc}: no 'In this chapter you will learn' box before the first section"
+    )
     assert need, f"{doc}: no 'You need' box before the first section"
     bullets = learn[0].find_all("li")
-    assert 3 <= len(bullets) <= 5, f"{doc}: {len(bullets)} bullets in 'you will learn' (3 to 5)"
+    assert 3 <= len(bullets) <= 5, (
+        f"{doc}: {len(bullets)} bullets in 'you will learn' (3 to 5)"
+    )
 
 
 @pytest.mark.parametrize("doc", converted())
@@ -188,7 +212,9 @@ def test_chapter_closes_with_what_to_remember(doc):
     assert remember is not None, f"{doc}: no section 'What to remember'"
     text = " ".join(p.get_text(" ", strip=True) for p in remember.find_all(["p", "li"]))
     sentences = [s for s in re.split(r"(?<=[.!?])\s+(?=[A-Z(])", text) if s.strip()]
-    assert 4 <= len(sentences) <= 6, f"{doc}: 'What to remember' has {len(sentences)} sentences"
+    assert 4 <= len(sentences) <= 6, (
+        f"{doc}: 'What to remember' has {len(sentences)} sentences"
+    )
 
 
 @pytest.mark.parametrize("doc", converted())
@@ -204,7 +230,9 @@ def test_chapter_has_four_exercises_with_hidden_solutions(doc):
     assert len(exercises) >= 4, f"{doc}: {len(exercises)} exercises (at least 4)"
     assert len(solutions) >= len(exercises), f"{doc}: an exercise has no solution"
     for sol in solutions:
-        assert "dropdown" in sol.get("class", []), f"{doc}: solution {sol.get('id')} not collapsed"
+        assert "dropdown" in sol.get("class", []), (
+            f"{doc}: solution {sol.get('id')} not collapsed"
+        )
 
 
 @pytest.mark.parametrize("doc", converted())
@@ -222,7 +250,8 @@ def test_solution_code_ran_and_checks_its_answer(doc):
             )
         last = "".join(cells[cell_ids[-1]]["source"])
         assert re.search(r"^\s*assert\b", last, re.M), (
-            f"{doc}: the last code cell of a solution (cell {cell_ids[-1]}) has no assert"
+            f"{doc}: the last code cell of a solution (cell {cell_ids[-1]}) "
+            "has no assert"
         )
     # The executed cells are on the page, inside their solution.
     shown = sum(len(sol.select("div.cell")) for sol in page(doc).select("div.solution"))

@@ -6,9 +6,6 @@ row offsets."""
 
 import numpy as np
 import pytest
-
-import lnorm
-from lnorm import fused
 from reference import (
     assert_within_rounding_of_terms,
     chain_rule_backward,
@@ -17,10 +14,21 @@ from reference import (
     max_rel_err,
 )
 
+import lnorm
+from lnorm import fused
+
 DTYPES = [np.float16, np.float32, np.float64]
 # D = 1, one row, zero rows, odd D, rows across a dgamma block boundary, a long
 # row, three leading axes.
-SHAPES = [(5, 1), (1, 9), (0, 4), (7, 13), (fused.BLOCK_ROWS + 3, 6), (3, 1027), (2, 1, 3, 8)]
+SHAPES = [
+    (5, 1),
+    (1, 9),
+    (0, 4),
+    (7, 13),
+    (fused.BLOCK_ROWS + 3, 6),
+    (3, 1027),
+    (2, 1, 3, 8),
+]
 
 
 def _layouts(a: np.ndarray):
@@ -33,7 +41,9 @@ def _layouts(a: np.ndarray):
 def _ulps(a, b, dtype):
     """Largest difference of a and b in units of the last place of dtype."""
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    spacing = np.spacing(np.maximum(np.abs(a), np.abs(b)).astype(dtype)).astype(np.float64)
+    spacing = np.spacing(np.maximum(np.abs(a), np.abs(b)).astype(dtype)).astype(
+        np.float64
+    )
     tiny = np.finfo(dtype).smallest_subnormal
     return float(np.max(np.abs(a - b) / np.maximum(spacing, tiny), initial=0.0))
 
@@ -52,7 +62,9 @@ def test_fused_equals_the_numpy_formula_to_rounding(shape, dtype, layout):
     assert y.dtype == cache.xhat.dtype == np.dtype(dtype) and y.shape == shape
     for a, b in [(y, y_np), (cache.xhat, cache_np.xhat)]:
         if dtype == np.float64:
-            bound = 4 * shape[-1] * np.finfo(dtype).eps * np.abs(b).max(-1, keepdims=True)
+            bound = (
+                4 * shape[-1] * np.finfo(dtype).eps * np.abs(b).max(-1, keepdims=True)
+            )
             assert np.all(np.abs(a - b) <= bound)
         else:
             assert _ulps(a, b, dtype) <= 1
@@ -64,8 +76,9 @@ def test_fused_equals_the_numpy_formula_to_rounding(shape, dtype, layout):
         assert a.shape == b.shape and a.dtype == b.dtype
     D, rows = shape[-1], int(np.prod(shape[:-1]))
     u64 = np.finfo(np.float64).eps
-    assert_within_rounding_of_terms(dy, cache, ref, got,
-                                    dx_factor=8 * D * u64, param_factor=4 * (rows + D) * u64)
+    assert_within_rounding_of_terms(
+        dy, cache, ref, got, dx_factor=8 * D * u64, param_factor=4 * (rows + D) * u64
+    )
 
 
 def test_fused_float64_matches_the_chain_rule():
@@ -85,7 +98,9 @@ def test_float32_is_accurate_to_1e7_at_large_row_offsets(offset):
     # dx within 1e-7 (max-norm relative) of float64 on the same float32 inputs,
     # at row offsets up to 1e6 standard deviations: the statistics and the
     # centring are float64, so the offset costs nothing.
-    x, gamma, beta, dy = make_inputs((16, 1024), np.float32, seed=5, loc=offset, scale=1.0)
+    x, gamma, beta, dy = make_inputs(
+        (16, 1024), np.float32, seed=5, loc=offset, scale=1.0
+    )
     y, cache = fused.forward(x, gamma, beta)
     dx, dgamma, _ = fused.backward(dy, cache)
     up = [a.astype(np.float64) for a in (x, gamma, beta, dy)]
@@ -97,7 +112,9 @@ def test_float32_is_accurate_to_1e7_at_large_row_offsets(offset):
 
 
 def test_dgamma_and_dbeta_are_the_same_bits_on_every_call():
-    x, gamma, beta, dy = make_inputs((3 * fused.BLOCK_ROWS + 17, 33), np.float32, seed=8)
+    x, gamma, beta, dy = make_inputs(
+        (3 * fused.BLOCK_ROWS + 17, 33), np.float32, seed=8
+    )
     _, cache = fused.forward(x, gamma, beta)
     first = fused.backward(dy, cache)
     for _ in range(3):
@@ -118,13 +135,15 @@ def test_dgamma_is_summed_per_block_then_across_blocks():
     dgamma_ref = np.zeros(D)
     dbeta_ref = np.zeros(D)
     for b in blocks:
-        dgamma_ref += p[b:b + fused.BLOCK_ROWS].sum(0)
-        dbeta_ref += dy[b:b + fused.BLOCK_ROWS].sum(0)
+        dgamma_ref += p[b : b + fused.BLOCK_ROWS].sum(0)
+        dbeta_ref += dy[b : b + fused.BLOCK_ROWS].sum(0)
     # The loop and NumPy associate the sums differently: they differ by
     # float64 rounding only.
     scale = np.abs(p).sum(0)
     assert np.all(np.abs(dgamma - dgamma_ref) <= 4 * rows * np.finfo(float).eps * scale)
-    assert np.all(np.abs(dbeta - dbeta_ref) <= 4 * rows * np.finfo(float).eps * np.abs(dy).sum(0))
+    assert np.all(
+        np.abs(dbeta - dbeta_ref) <= 4 * rows * np.finfo(float).eps * np.abs(dy).sum(0)
+    )
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -167,7 +186,9 @@ def test_nonfinite_values_stay_in_their_row(bad):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_degenerate_rows_are_exact(dtype):
     D = 9
-    x = np.stack([np.full(D, 0.1), np.full(D, -3.7), np.arange(D, dtype=float)]).astype(dtype)
+    x = np.stack([np.full(D, 0.1), np.full(D, -3.7), np.arange(D, dtype=float)]).astype(
+        dtype
+    )
     gamma = np.linspace(0.5, 2.0, D).astype(dtype)
     beta = np.linspace(-1.0, 1.0, D).astype(dtype)
     y, cache = fused.forward(x, gamma, beta)
@@ -213,11 +234,14 @@ def test_bad_forward_input_raises_what_core_raises(bad):
     assert str(fused_err.value) == str(core_err.value)
 
 
-@pytest.mark.parametrize("dy, cache", [
-    (np.ones((2, 4)), "cache"),
-    (np.ones((3, 3)), None),
-    (np.ones((2, 3), np.int32), None),
-])
+@pytest.mark.parametrize(
+    "dy, cache",
+    [
+        (np.ones((2, 4)), "cache"),
+        (np.ones((3, 3)), None),
+        (np.ones((2, 3), np.int32), None),
+    ],
+)
 def test_bad_backward_input_raises_what_core_raises(dy, cache):
     if cache is None:
         cache = lnorm.forward(np.arange(6.0).reshape(2, 3), np.ones(3), np.zeros(3))[1]

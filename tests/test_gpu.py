@@ -1,4 +1,6 @@
-"""Tests of lnorm.gpu: PTX everywhere, the NumPy emulation everywhere, the kernels on a GPU.
+"""Tests of lnorm.gpu: PTX everywhere, the NumPy emulation everywhere, the kernels on a
+GPU.
+
 
 The compilation and PTX tests run on any machine (NVRTC needs no GPU). The
 tests that launch kernels skip with the reason lnorm.gpu.available() gives.
@@ -38,7 +40,9 @@ BOUND = {
 
 
 def _run(code: str) -> str:
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     return proc.stdout.strip()
 
 
@@ -86,7 +90,12 @@ def test_gpu_entry_points_refuse_on_a_cpu_machine():
 
 
 def test_constants_are_read_from_the_source():
-    assert set(C) == {"LN_ELEMS_PER_THREAD", "LN_WARPS_PER_BLOCK", "LN_MAX_ROW_THREADS", "LN_REDUCE_SLICES"}
+    assert set(C) == {
+        "LN_ELEMS_PER_THREAD",
+        "LN_WARPS_PER_BLOCK",
+        "LN_MAX_ROW_THREADS",
+        "LN_REDUCE_SLICES",
+    }
     assert kernels.max_D() == E * C["LN_MAX_ROW_THREADS"] == 8192
 
 
@@ -107,12 +116,15 @@ def test_plan_mapping(D, dtype, vec, per_block, threads):
     p = kernels.plan(1000, D, dtype)
     assert (p.vec, p.per_block, p.threads_per_row) == (vec, per_block, threads)
     assert p.threads_per_row * E >= D  # the row fits in the group's registers
-    assert p.kernel("forward").startswith("ln_fwd_") and p.kernel("forward") in ALL_KERNELS
+    assert (
+        p.kernel("forward").startswith("ln_fwd_") and p.kernel("forward") in ALL_KERNELS
+    )
     assert p.kernel("backward") in ALL_KERNELS
 
 
 def test_checked_shapes_reach_every_kernel():
-    """The book's claim for check.SHAPES: both dtypes, every forward and backward variant."""
+    """The book's claim for check.SHAPES: both dtypes, every forward and backward
+    variant."""
     reached = {
         kernels.plan(rows, D, dtype).kernel(direction)
         for rows, D in check.SHAPES
@@ -128,7 +140,11 @@ def test_plan_strips_cover_every_row_once(rows):
     p = kernels.plan(rows, 256, np.float32)
     assert p.row_groups <= kernels.MAX_ROW_GROUPS
     if rows:
-        assert (p.row_groups - 1) * p.rows_per_group < rows <= p.row_groups * p.rows_per_group
+        assert (
+            (p.row_groups - 1) * p.rows_per_group
+            < rows
+            <= p.row_groups * p.rows_per_group
+        )
         assert p.rows_per_group >= kernels.MIN_ROWS_PER_GROUP
         assert p.backward_grid * C["LN_WARPS_PER_BLOCK"] >= p.row_groups
     else:
@@ -143,7 +159,10 @@ def test_partial_sums_cost_about_one_byte_per_element_at_most(rows):
     assert p.partials_bytes == 2 * 2 * 4 * p.row_groups * D
     # 16 bytes per column per strip of at least 16 rows; the last strip may be short.
     assert p.partials_bytes <= rows * D + 16 * D
-    if rows % kernels.MIN_ROWS_PER_GROUP == 0 and rows <= kernels.MIN_ROWS_PER_GROUP * kernels.MAX_ROW_GROUPS:
+    if (
+        rows % kernels.MIN_ROWS_PER_GROUP == 0
+        and rows <= kernels.MIN_ROWS_PER_GROUP * kernels.MAX_ROW_GROUPS
+    ):
         assert p.partials_bytes == rows * D
 
 
@@ -182,7 +201,10 @@ def test_eps_must_be_positive_as_a_float32():
     x = np.ones((2, 8), np.float32)
     g = np.ones(8, np.float32)
     for bad in (1e-46, 1e39):  # 0 and inf in float32
-        with pytest.raises(ValueError, match="as a float32"), np.errstate(over="ignore"):
+        with (
+            pytest.raises(ValueError, match="as a float32"),
+            np.errstate(over="ignore"),
+        ):
             emulate.forward(x, g, g, eps=bad)
     y, _, _, rstd = emulate.forward(x, g, g, eps=1e-44)  # subnormal, still > 0
     assert np.isfinite(rstd).all() and (y == 1).all()
@@ -197,12 +219,17 @@ def test_plan_rejects_rows_past_int32():
 @pytest.mark.parametrize("offset", [0.0, 1e2, 1e4, 1e6])
 def test_accuracy_is_flat_in_the_offset(offset):
     """The target of the corrected mean: D = 1024, standard-normal dy, float32."""
-    err = measure.offset_sweep((emulate.forward, emulate.backward), D=1024, rows=32,
-                               offsets=(offset,))[0]
+    err = measure.offset_sweep(
+        (emulate.forward, emulate.backward), D=1024, rows=32, offsets=(offset,)
+    )[0]
     assert err["y"] <= 2e-7 and err["dx"] <= 2e-7, err
     # The plain float32 mean of the op-by-op version loses digits with the offset.
-    plain = measure.offset_sweep((gpu.run.unfused_forward, gpu.run.unfused_backward), D=1024,
-                                 rows=32, offsets=(offset,))[0]
+    plain = measure.offset_sweep(
+        (gpu.run.unfused_forward, gpu.run.unfused_backward),
+        D=1024,
+        rows=32,
+        offsets=(offset,),
+    )[0]
     if offset >= 1e4:
         assert plain["y"] > 100 * err["y"]
 
@@ -213,8 +240,14 @@ def test_errors_stay_within_the_derived_bound(D):
     assert bound["depth"] <= 16 + np.log2(max(D, 32)) and bound["y"] < bound["dx"]
     for offset in (0.0, 1e3, 1e6):
         for dy_offset in (0.0, 1e3):
-            err = check.offset_errors(emulate.forward, emulate.backward, D, offset, dy_offset)
-            assert err["y"] <= bound["y"] and err["dx"] <= bound["dx"], (offset, dy_offset, err)
+            err = check.offset_errors(
+                emulate.forward, emulate.backward, D, offset, dy_offset
+            )
+            assert err["y"] <= bound["y"] and err["dx"] <= bound["dx"], (
+                offset,
+                dy_offset,
+                err,
+            )
 
 
 def test_measure_dry_run_plans_every_timed_launch(tmp_path):
@@ -226,7 +259,8 @@ def test_measure_dry_run_plans_every_timed_launch(tmp_path):
     assert data["gpu"] is False and data["reason"] == GPU_REASON
     launches = data["launches"]
     assert {(e["rows"], e["D"], e["dtype"]) for e in launches} == {
-        (r, D, dt) for r, D in measure.SHAPES for dt in measure.DTYPES}
+        (r, D, dt) for r, D in measure.SHAPES for dt in measure.DTYPES
+    }
     for e in launches:
         if e["D"] > kernels.max_D():
             assert "D must be between" in e["unsupported"]
@@ -269,7 +303,9 @@ def test_every_kernel_compiles(compiled):
 def test_no_local_memory_and_no_atomics(compiled):
     _, reports, _ = compiled
     for name, r in reports.items():
-        assert r.local_bytes == 0 and r.count("ld.local") == 0 and r.count("st.local") == 0, name
+        assert (
+            r.local_bytes == 0 and r.count("ld.local") == 0 and r.count("st.local") == 0
+        ), name
         assert r.count("atom") == 0 and r.count("red.") == 0, name
 
 
@@ -277,7 +313,11 @@ def test_arithmetic_rounds_like_the_emulation(compiled):
     """No contracted multiply-adds, no approximate division or square root."""
     _, reports, _ = compiled
     for name, r in reports.items():
-        assert r.count("fma") == 0 and r.count("mad.f32") == 0 and r.count("mad.rn.f32") == 0, name
+        assert (
+            r.count("fma") == 0
+            and r.count("mad.f32") == 0
+            and r.count("mad.rn.f32") == 0
+        ), name
         assert not any(".approx" in op or ".full" in op for op in r.opcodes), name
         if name.startswith("ln_fwd"):
             # mean_hi, mean_lo and the variance: three divisions by D.
@@ -285,7 +325,8 @@ def test_arithmetic_rounds_like_the_emulation(compiled):
 
 
 def _main_kernels(reports):
-    """(name, report, direction, mapping, storage, vec) of every forward/backward kernel."""
+    """(name, report, direction, mapping, storage, vec) of every forward/backward
+    kernel."""
     for name, r in reports.items():
         m = MAIN.fullmatch(name)
         if m:
@@ -295,22 +336,36 @@ def _main_kernels(reports):
 def test_main_kernels_touch_each_element_once(compiled):
     _, reports, _ = compiled
     for name, r, direction, _, storage, vec in _main_kernels(reports):
-        row = (E // vec, E * ITEMSIZE[storage])  # instructions and bytes per thread per row
+        row = (
+            E // vec,
+            E * ITEMSIZE[storage],
+        )  # instructions and bytes per thread per row
         stat = (1, 4)  # one float32 per row
         if direction == "fwd":
             assert r.per_argument("ld") == {"x": row, "gamma": row, "beta": row}, name
-            assert r.per_argument("st") == {"y": row, "mean_hi": stat, "mean_lo": stat,
-                                            "rstd": stat}, name
+            assert r.per_argument("st") == {
+                "y": row,
+                "mean_hi": stat,
+                "mean_lo": stat,
+                "rstd": stat,
+            }, name
         else:
             assert r.per_argument("ld", in_loop=True) == {
-                "x": row, "dy": row, "mean_hi": stat, "mean_lo": stat, "rstd": stat
+                "x": row,
+                "dy": row,
+                "mean_hi": stat,
+                "mean_lo": stat,
+                "rstd": stat,
             }, name
             # gamma once per strip, into registers
             assert r.per_argument("ld", in_loop=False) == {"gamma": row}, name
             assert r.per_argument("st", in_loop=True) == {"dx": row}, name
             # float32 column sums, written after the strip, at most 16 bytes per store
             partial = (E // min(vec, 4), E * 4)
-            assert r.per_argument("st", in_loop=False) == {"dgamma_part": partial, "dbeta_part": partial}, name
+            assert r.per_argument("st", in_loop=False) == {
+                "dgamma_part": partial,
+                "dbeta_part": partial,
+            }, name
 
 
 def test_reductions_use_shuffles_and_little_shared_memory(compiled):
@@ -324,7 +379,9 @@ def test_reductions_use_shuffles_and_little_shared_memory(compiled):
         if mapping == "warp":
             assert r.shared_bytes == 0 and r.count("bar.sync") == 0, name
         else:
-            value_bytes = 4 if direction == "fwd" else 8  # float, or float2 for the backward
+            value_bytes = (
+                4 if direction == "fwd" else 8
+            )  # float, or float2 for the backward
             # 33 slots: one per warp, and one for the result
             assert r.shared_bytes == 33 * value_bytes, name
             # two barriers per row sum, not three
@@ -346,7 +403,11 @@ def test_registers_fit_the_block_and_nothing_spills(compiled):
         pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
     assert set(usage) == ALL_KERNELS
     for name, u in usage.items():
-        assert u.spill_stores == 0 and u.spill_loads == 0 and u.stack_frame == 0, (arch, name, u)
+        assert u.spill_stores == 0 and u.spill_loads == 0 and u.stack_frame == 0, (
+            arch,
+            name,
+            u,
+        )
         # 65536 registers per SM: the largest block must still launch.
         assert u.registers * reports[name].max_threads <= 65536, (arch, name, u)
         assert u.shared_bytes == reports[name].shared_bytes, (arch, name, u)
@@ -380,7 +441,10 @@ $L__BB0_1:
 """
     r = ptx.inspect_ptx(src, {"k": ("src", "dst", "n")})["k"]
     assert r.max_threads == 64
-    assert [(o.kind, o.argument, o.vector, o.bits, o.in_loop, o.offset) for o in r.memory_ops] == [
+    assert [
+        (o.kind, o.argument, o.vector, o.bits, o.in_loop, o.offset)
+        for o in r.memory_ops
+    ] == [
         ("ld", "src", 4, 32, True, 0),
         ("st", "dst", 1, 16, True, 2),
         ("st", "src", 1, 32, False, 0),
@@ -391,11 +455,12 @@ $L__BB0_1:
     assert "bra \t$L__BB0_1;" in r.lines  # the guard @%p1 is removed
 
 
-# --- the NumPy emulation, on any machine ------------------------------------------------
+# --- the NumPy emulation, on any machine ----------------------------------------------
 
 
 def _lane_by_lane_row_sum(row: np.ndarray, p) -> np.float32:
-    """The kernels' row sum simulated one lane at a time, straight from the CUDA source."""
+    """The kernels' row sum simulated one lane at a time, straight from the CUDA
+    source."""
     G, vec, nvec = p.threads_per_row, p.vec, p.D // p.vec
     partial = [np.float32(0)] * G
     for t in range(G):
@@ -422,7 +487,9 @@ def _lane_by_lane_row_sum(row: np.ndarray, p) -> np.float32:
 def test_emulated_row_sum_follows_the_kernel_order(D):
     rng = np.random.default_rng(D)
     # Magnitudes over 16 decades: the sum depends on the order of additions.
-    a = (rng.standard_normal((6, D)) * 10.0 ** rng.uniform(-8, 8, (6, D))).astype(np.float32)
+    a = (rng.standard_normal((6, D)) * 10.0 ** rng.uniform(-8, 8, (6, D))).astype(
+        np.float32
+    )
     p = kernels.plan(6, D, np.float32)
     got = emulate.row_sum(a, p)
     want = np.array([_lane_by_lane_row_sum(row, p) for row in a], dtype=np.float32)
@@ -438,8 +505,9 @@ def test_emulation_matches_lnorm(rows, D, dtype):
     inp = check.make_inputs(rows, D, dtype, seed=rows + D)
     got = check.forward_backward(emulate.forward, emulate.backward, inp)
     assert got["y"].dtype == got["dx"].dtype == np.dtype(dtype)
-    assert {got[k].dtype for k in ("dgamma", "dbeta", "mean_hi", "mean_lo", "rstd")} == {
-        np.dtype(np.float32)}
+    assert {
+        got[k].dtype for k in ("dgamma", "dbeta", "mean_hi", "mean_lo", "rstd")
+    } == {np.dtype(np.float32)}
     err = check.relative_errors(got, check.reference(inp))
     for name, bound in BOUND[dtype].items():
         assert err[name] <= bound, (name, err[name])
@@ -458,7 +526,7 @@ def test_emulation_keeps_leading_dimensions_and_zero_rows():
     assert dx.shape == (0, 20) and not dgamma.any() and not dbeta.any()
 
 
-# --- on a GPU ----------------------------------------------------------------------------
+# --- on a GPU -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -486,7 +554,9 @@ def test_kernels_match_lnorm_and_the_emulation_bit_for_bit(fused, rows, D, dtype
 @needs_gpu
 def test_kernels_are_deterministic(fused):
     inp = check.make_inputs(30000, 1000, "float32", seed=11)
-    first, second = (check.forward_backward(fused.forward, fused.backward, inp) for _ in range(2))
+    first, second = (
+        check.forward_backward(fused.forward, fused.backward, inp) for _ in range(2)
+    )
     for name in first:
         assert first[name].tobytes() == second[name].tobytes(), name
 
@@ -526,8 +596,12 @@ def test_strided_and_misaligned_backward_inputs(fused, dtype):
     flat = cp.zeros(48 * 264 + 1, dtype=dtype)
     flat[1:] = cp.asarray(inp["x"]).ravel()  # one element past an aligned start
     x_off = flat[1:].reshape(48, 264)
-    dx, dgamma, dbeta = fused.backward(wide[:, ::2], x_off, inp["gamma"],
-                                       *(cp.asarray(want[k]) for k in ("mean_hi", "mean_lo", "rstd")))
+    dx, dgamma, dbeta = fused.backward(
+        wide[:, ::2],
+        x_off,
+        inp["gamma"],
+        *(cp.asarray(want[k]) for k in ("mean_hi", "mean_lo", "rstd")),
+    )
     for name, got in (("dx", dx), ("dgamma", dgamma), ("dbeta", dbeta)):
         np.testing.assert_array_equal(got.get(), want[name], err_msg=name)
 
@@ -543,8 +617,13 @@ def test_unfused_version_matches_lnorm(device, dtype):
         inp_dev = {k: cp.asarray(v) for k, v in inp.items()}
     else:
         inp_dev = inp
-    got = check.forward_backward(gpu.run.unfused_forward, gpu.run.unfused_backward, inp_dev)
-    assert got["y"].dtype == got["dx"].dtype == np.dtype(dtype) and got["dgamma"].dtype == np.float32
+    got = check.forward_backward(
+        gpu.run.unfused_forward, gpu.run.unfused_backward, inp_dev
+    )
+    assert (
+        got["y"].dtype == got["dx"].dtype == np.dtype(dtype)
+        and got["dgamma"].dtype == np.float32
+    )
     err = check.relative_errors(got, check.reference(inp))
     for name, bound in BOUND[dtype].items():
         assert err[name] <= 10 * bound, (name, err[name])
@@ -558,13 +637,14 @@ def test_unfused_version_keeps_leading_dimensions():
     dx, dgamma, dbeta = gpu.run.unfused_backward(dy3, x3, inp["gamma"], hi, lo, rstd)
     assert dx.shape == (2, 3, 20) and dx.dtype == np.float16 and dgamma.shape == (20,)
     y2, hi2, lo2, rstd2 = gpu.run.unfused_forward(inp["x"], inp["gamma"], inp["beta"])
-    dx2, dgamma2, dbeta2 = gpu.run.unfused_backward(inp["dy"], inp["x"], inp["gamma"], hi2, lo2,
-                                                     rstd2)
+    dx2, dgamma2, dbeta2 = gpu.run.unfused_backward(
+        inp["dy"], inp["x"], inp["gamma"], hi2, lo2, rstd2
+    )
     for a, b in ((y, y2), (dx, dx2), (dgamma, dgamma2), (dbeta, dbeta2)):
         np.testing.assert_array_equal(a.reshape(b.shape), b)
 
 
-# --- the launch code, with a stand-in for CuPy -------------------------------------------
+# --- the launch code, with a stand-in for CuPy ----------------------------------------
 
 
 class _HostArray(np.ndarray):
@@ -590,10 +670,18 @@ def _fake_cupy(launches, ptx_types):
             assert len(args) == len(types_), name
             for a, t in zip(args, types_):
                 if t == "u64":
-                    assert isinstance(a, _HostArray) and a.flags.c_contiguous, (name, t, type(a))
+                    assert isinstance(a, _HostArray) and a.flags.c_contiguous, (
+                        name,
+                        t,
+                        type(a),
+                    )
                     assert a.__array_interface__["data"][0] % 16 == 0 or a.size == 0
                 else:
-                    assert type(a) is {"u32": np.int32, "f32": np.float32}[t], (name, t, type(a))
+                    assert type(a) is {"u32": np.int32, "f32": np.float32}[t], (
+                        name,
+                        t,
+                        type(a),
+                    )
             launches.append((name, grid, block, args))
 
         return launch
@@ -602,7 +690,9 @@ def _fake_cupy(launches, ptx_types):
     cuda.nvrtc = real_nvrtc
     cuda.is_available = lambda: True
     cuda.Device = lambda: types.SimpleNamespace(id=0, compute_capability="80")
-    cuda.runtime = types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"stand-in"})
+    cuda.runtime = types.SimpleNamespace(
+        getDeviceProperties=lambda i: {"name": b"stand-in"}
+    )
     cp = types.ModuleType("cupy")
     cp.cuda = cuda
     cp.float32 = np.float32
@@ -616,7 +706,8 @@ def _fake_cupy(launches, ptx_types):
 
 
 def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
-    """FusedLayerNorm's launches, checked against the PTX parameter list and the plan."""
+    """FusedLayerNorm's launches, checked against the PTX parameter list and the plan.
+    """
     ptx_types = {}
     for f in kernels.KERNEL_FILES:
         for name, r in ptx.inspect_ptx(kernels.compile_ptx(f, "sm_80")).items():
@@ -627,13 +718,21 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy.cuda", cuda)
     assert gpu.available() == (True, "stand-in")
     fused = gpu.FusedLayerNorm()
-    for rows, D, dtype in [(37, 7, np.float16), (37, 1027, np.float32), (40, 8192, np.float16)]:
+    for rows, D, dtype in [
+        (37, 7, np.float16),
+        (37, 1027, np.float32),
+        (40, 8192, np.float16),
+    ]:
         inp = check.make_inputs(rows, D, dtype, seed=1)
         p = kernels.plan(rows, D, dtype)
         launches.clear()
         y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"], eps=1e-3)
         name, grid, block, args = launches[0]
-        assert name == p.kernel("forward") and block == (p.block,) and grid == (p.forward_grid,)
+        assert (
+            name == p.kernel("forward")
+            and block == (p.block,)
+            and grid == (p.forward_grid,)
+        )
         rows_per_block = p.block // p.threads_per_row
         assert grid[0] * rows_per_block >= rows > (grid[0] - 1) * rows_per_block
         named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[0])[name], args))
@@ -643,17 +742,28 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert (named["rows"], named["D"], named["eps"]) == (rows, D, np.float32(1e-3))
 
         launches.clear()
-        dx, dgamma, dbeta = fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
+        dx, dgamma, dbeta = fused.backward(
+            inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd
+        )
         (name, grid, block, args), (rname, rgrid, rblock, rargs) = launches
-        assert name == p.kernel("backward") and block == (p.block,) and grid == (p.backward_grid,)
+        assert (
+            name == p.kernel("backward")
+            and block == (p.block,)
+            and grid == (p.backward_grid,)
+        )
         named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[name], args))
         np.testing.assert_array_equal(named["dy"], inp["dy"])
         np.testing.assert_array_equal(named["x"], inp["x"])
         assert named["dx"] is dx and named["dgamma_part"].shape == (p.row_groups, D)
-        assert (named["rows_per_group"], named["row_groups"]) == (p.rows_per_group, p.row_groups)
+        assert (named["rows_per_group"], named["row_groups"]) == (
+            p.rows_per_group,
+            p.row_groups,
+        )
         groups_per_block = p.block // p.threads_per_row
         assert grid[0] * groups_per_block >= p.row_groups
-        reduce_named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[rname], rargs))
+        reduce_named = dict(
+            zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[rname], rargs)
+        )
         assert rname == "ln_bwd_reduce_params" and rblock == (32, C["LN_REDUCE_SLICES"])
         assert rgrid[0] * 32 >= D > (rgrid[0] - 1) * 32
         assert reduce_named["dgamma_part"] is named["dgamma_part"]
@@ -664,7 +774,8 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
 
 
 def test_occupancy_follows_the_register_file():
-    # 512 threads of 112 registers: 16 warps x 3584 registers = 57344 <= 65536; two would not fit.
+    # 512 threads of 112 registers: 16 warps x 3584 registers = 57344 <= 65536; two
+    # would not fit.
     assert model.occupancy(512, 112) == 1
     # 64 threads of 40 registers: 1280 per warp, 2560 per block: 25 blocks.
     assert model.occupancy(64, 40) == 25
@@ -681,7 +792,9 @@ def test_model_time_is_at_least_bytes_over_bandwidth(direction, D, dtype):
     assert p.time > floor and 0 < p.share() < 1
     prefetch = model.predict(direction, 8192, D, dtype, rows_in_flight=2)
     assert prefetch.time < p.time
-    extra = kernels.plan(8192, D, dtype).partials_bytes if direction == "backward" else 0
+    extra = (
+        kernels.plan(8192, D, dtype).partials_bytes if direction == "backward" else 0
+    )
     assert p.bytes_moved == p.bytes + extra
     # More latency per row, more time.
     slow = model.Device("slow", 132, 3.0e12, 2e-6, 0.25e-6, 0.05e-6)
@@ -698,8 +811,10 @@ def test_model_registers_match_ptxas():
 
 
 def test_recorded_gpu_measurements_are_complete():
-    """The data file chapter 6 reads: every check passed, every shape timed."""
-    path = sorted((Path(__file__).parents[1] / "book" / "data" / "gpu").glob("*.json"))[-1]
+    """The data file the GPU chapter reads: every check passed, every shape timed."""
+    path = sorted((Path(__file__).parents[1] / "book" / "data" / "gpu").glob("*.json"))[
+        -1
+    ]
     data = json.loads(path.read_text())
     assert data["gpu"] is True and data["device"] and data["date"] in path.name
     assert all(b["equal"] for b in data["bit_checks"])
@@ -721,4 +836,6 @@ def test_recorded_gpu_measurements_are_complete():
     inp = {k: np.array(v) for k, v in ref["inputs"].items()}
     ours = check.reference(inp, eps=ref["eps"])
     for k in ("y", "dx", "dgamma", "dbeta"):
-        np.testing.assert_allclose(ours[k], np.array(ref["float64"][k]), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(
+            ours[k], np.array(ref["float64"][k]), rtol=1e-12, atol=1e-12
+        )

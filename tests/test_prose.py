@@ -49,10 +49,18 @@ def test_sci_rejects_bad_digits(digits):
 
 
 def test_table_formats_cells_and_collapses():
-    t = table(["D", "error", "ratio", "name"], [[1024, 3.21e-7, 2.5, "fused"], [8, 0.0, 12345.0, "x"]])
-    assert t.text() == [["1,024", "3.21 × 10⁻⁷", "2.50", "fused"], ["8", "0", "1.23 × 10⁴", "x"]]
+    t = table(
+        ["D", "error", "ratio", "name"],
+        [[1024, 3.21e-7, 2.5, "fused"], [8, 0.0, 12345.0, "x"]],
+    )
+    assert t.text() == [
+        ["1,024", "3.21 × 10⁻⁷", "2.50", "fused"],
+        ["8", "0", "1.23 × 10⁴", "x"],
+    ]
     page = t._repr_html_()
-    assert page.startswith('<details class="lnorm-table"><summary>Measurements</summary>')
+    assert page.startswith(
+        '<details class="lnorm-table"><summary>Measurements</summary>'
+    )
     assert page.count("<tr>") == 3 and "<th>error</th>" in page
     assert " open>" in table(["a"], [[1]], open=True)._repr_html_()
 

@@ -1,4 +1,5 @@
-"""lnorm.symbolic: SymPy proves the closed form and the identities; lnorm.backward matches the symbolic VJP."""
+"""lnorm.symbolic: SymPy proves the closed form and the identities; lnorm.backward
+matches the symbolic VJP."""
 
 import numpy as np
 import pytest
@@ -182,7 +183,9 @@ def test_numpy_jacobian_structure():
     var = x.var(axis=-1)
     rstd = 1.0 / np.sqrt(var + eps)
     expected = (rstd * eps / (var + eps))[:, None] * cache.xhat
-    np.testing.assert_allclose(np.einsum("rij,rj->ri", N, cache.xhat), expected, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(
+        np.einsum("rij,rj->ri", N, cache.xhat), expected, rtol=1e-6, atol=1e-12
+    )
 
 
 def test_backward_via_jacobian_matches_lnorm_backward_on_bt_d():
@@ -234,4 +237,8 @@ def test_numpy_routes_reject_a_foreign_cache():
 
 def test_latex_uses_book_notation():
     out = S.latex(S.compact_jacobian(2)[0, 0] + S.symbols(2).eps)
-    assert r"\operatorname{rstd}" in out and r"\varepsilon" in out and r"\hat{x}_{1}" in out
+    assert (
+        r"\operatorname{rstd}" in out
+        and r"\varepsilon" in out
+        and r"\hat{x}_{1}" in out
+    )

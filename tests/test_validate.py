@@ -12,7 +12,9 @@ def test_as_float_array_accepts_floats_and_refuses_the_rest():
     for dt in validate.SUPPORTED_DTYPES:
         a = np.ones(3, dt)
         assert validate.as_float_array(a, "x") is a  # no copy
-    with pytest.raises(TypeError, match=r"x must have a floating dtype.*x\.astype\(np\.float32\)"):
+    with pytest.raises(
+        TypeError, match=r"x must have a floating dtype.*x\.astype\(np\.float32\)"
+    ):
         validate.as_float_array(np.ones(3, np.int32), "x")
     with pytest.raises(TypeError, match="complex128"):
         validate.as_float_array(np.ones(3, complex), "dy")
@@ -27,13 +29,24 @@ def test_as_rows_refuses_0d_and_empty_rows():
 
 
 def test_check_param_names_the_expected_shape():
-    with pytest.raises(ValueError, match=r"gamma must have shape \(D,\) = \(4,\).*got shape \(3,\)"):
+    with pytest.raises(
+        ValueError, match=r"gamma must have shape \(D,\) = \(4,\).*got shape \(3,\)"
+    ):
         validate.check_param(np.ones(3), "gamma", 4)
 
 
-@pytest.mark.parametrize("bad, exc", [(0.0, ValueError), (-1e-5, ValueError), (np.inf, ValueError),
-                                      (np.nan, ValueError), ("1e-5", TypeError), (True, TypeError),
-                                      (None, TypeError)])
+@pytest.mark.parametrize(
+    "bad, exc",
+    [
+        (0.0, ValueError),
+        (-1e-5, ValueError),
+        (np.inf, ValueError),
+        (np.nan, ValueError),
+        ("1e-5", TypeError),
+        (True, TypeError),
+        (None, TypeError),
+    ],
+)
 def test_check_eps_refuses_what_is_not_finite_and_positive(bad, exc):
     with pytest.raises(exc, match="eps"):
         validate.check_eps(bad)
@@ -50,7 +63,10 @@ def test_check_positive_and_int_convert():
 
 
 def test_as_dtype():
-    assert validate.as_dtype(np.float16, "dtype", validate.SUPPORTED_DTYPES, "x") == np.float16
+    assert (
+        validate.as_dtype(np.float16, "dtype", validate.SUPPORTED_DTYPES, "x")
+        == np.float16
+    )
     with pytest.raises(TypeError, match="dtype must be a float; got int32"):
         validate.as_dtype("int32", "dtype", validate.SUPPORTED_DTYPES, "a float")
     with pytest.raises(TypeError, match="got 'nonsense'"):
@@ -60,9 +76,13 @@ def test_as_dtype():
 def test_cache_and_dy_checks():
     _, cache = lnorm.forward(np.ones((2, 3)), np.ones(3), np.zeros(3))
     assert validate.check_cache(cache) is cache
-    with pytest.raises(TypeError, match="LayerNormCache returned by lnorm.forward; got tuple"):
+    with pytest.raises(
+        TypeError, match="LayerNormCache returned by lnorm.forward; got tuple"
+    ):
         validate.check_cache((1, 2))
-    with pytest.raises(ValueError, match=r"dy must have the shape of x, \(2, 3\).*got \(3, 2\)"):
+    with pytest.raises(
+        ValueError, match=r"dy must have the shape of x, \(2, 3\).*got \(3, 2\)"
+    ):
         validate.check_dy(np.ones((3, 2)), cache)
 
 
@@ -74,7 +94,9 @@ def test_no_module_imports_a_private_name_of_another():
 
     package = Path(lnorm.__file__).parent
     for path in package.rglob("*.py"):
-        for m in re.finditer(r"^from \.[\w.]* import (\([^)]*\)|[^\n]*)", path.read_text(), re.M):
+        for m in re.finditer(
+            r"^from \.[\w.]* import (\([^)]*\)|[^\n]*)", path.read_text(), re.M
+        ):
             names = re.findall(r"\b(\w+)\b(?:\s+as\s+\w+)?", m.group(1))
             private = [n for n in names if n.startswith("_") and n != "__future__"]
             assert not private, f"{path.name} imports private {private}"

@@ -11,11 +11,11 @@ from lnorm import variance
 from lnorm.gradcheck import unit_roundoff
 from lnorm.variance import (
     ALGORITHMS,
-    corrected_mean,
-    corrected_two_pass,
     RowStats,
     chan,
     condition_number,
+    corrected_mean,
+    corrected_two_pass,
     exact,
     exact_row,
     naive,
@@ -52,8 +52,11 @@ def rel_var_err(stats, ref):
         # Every float64 algorithm but the naive one gets this; the naive one returns 0.
         ([1e9 + 1, 1e9 - 1, 1e9 + 2, 1e9 - 2], Fraction(10**9), Fraction(5, 2)),
         # Two values: mean (a+b)/2, variance ((a-b)/2)^2, whatever their exponents.
-        ([2.0**-1074, 2.0**1000], (Fraction(2) ** -1074 + Fraction(2) ** 1000) / 2,
-         ((Fraction(2) ** 1000 - Fraction(2) ** -1074) / 2) ** 2),
+        (
+            [2.0**-1074, 2.0**1000],
+            (Fraction(2) ** -1074 + Fraction(2) ** 1000) / 2,
+            ((Fraction(2) ** 1000 - Fraction(2) ** -1074) / 2) ** 2,
+        ),
         ([0.5, -0.25], Fraction(1, 8), Fraction(9, 64)),
     ],
 )
@@ -82,12 +85,16 @@ def test_exact_row_matches_the_definition_on_random_rows():
 
 
 def test_exact_rounds_once_to_float64_for_every_row():
-    x = np.array([[[0.0, 1.0, 1.0], [1.0, 2.0, 4.0]], [[3.0, 3.0, 3.0], [0.1, 0.2, 0.7]]])
+    x = np.array(
+        [[[0.0, 1.0, 1.0], [1.0, 2.0, 4.0]], [[3.0, 3.0, 3.0], [0.1, 0.2, 0.7]]]
+    )
     out = exact(x)
     assert isinstance(out, RowStats)
     assert out.mean.shape == out.var.shape == (2, 2)
     assert out.mean.dtype == out.var.dtype == np.float64
-    assert out.mean[0, 0] == 2 / 3 and out.var[0, 0] == 2 / 9  # Python's int division rounds correctly
+    assert (
+        out.mean[0, 0] == 2 / 3 and out.var[0, 0] == 2 / 9
+    )  # Python's int division rounds correctly
     assert out.mean[0, 1] == 7 / 3 and out.var[0, 1] == 14 / 9
     assert out.var[1, 0] == 0.0
     m, v = exact_row(x[1, 1])
@@ -96,7 +103,9 @@ def test_exact_rounds_once_to_float64_for_every_row():
 
 def test_condition_number_on_hand_made_rows():
     # [1, 2, 3, 4]: mean 5/2, var 5/4, kappa^2 = 1 + (25/4) / (5/4) = 6.
-    stats = exact(np.array([[1.0, 2.0, 3.0, 4.0], [-1.0, 1.0, -1.0, 1.0], [3.0, 3.0, 3.0, 3.0]]))
+    stats = exact(
+        np.array([[1.0, 2.0, 3.0, 4.0], [-1.0, 1.0, -1.0, 1.0], [3.0, 3.0, 3.0, 3.0]])
+    )
     k = condition_number(stats)
     assert k.dtype == np.float64 and k.shape == (3,)
     assert k[0] == pytest.approx(np.sqrt(6.0), rel=1e-15)
@@ -116,7 +125,9 @@ def test_naive_fails_where_two_pass_passes(dtype, offset):
     ref = exact(x)
     u = unit_roundoff(dtype)
     # u * kappa^2 is about 0.06 (float32) and 1e-4 (float64) here.
-    assert rel_var_err(naive(x, dtype), ref) > 1e3 * u * np.median(condition_number(ref))
+    assert rel_var_err(naive(x, dtype), ref) > 1e3 * u * np.median(
+        condition_number(ref)
+    )
     assert rel_var_err(two_pass(x, dtype), ref) <= 10 * u
 
 
@@ -150,8 +161,12 @@ def test_welford_and_chan_stay_within_their_linear_in_kappa_bounds(dtype):
         x = rows_with_offset(offset, dtype, D=D)
         ref = exact(x)
         k = np.max(condition_number(ref))
-        assert rel_var_err(welford(x, dtype), ref) <= D * u * k  # Chan et al.: O(D u kappa)
-        assert rel_var_err(chan(x, dtype), ref) <= 2 * np.log2(D) * u * k  # O(log2 D u kappa)
+        assert (
+            rel_var_err(welford(x, dtype), ref) <= D * u * k
+        )  # Chan et al.: O(D u kappa)
+        assert (
+            rel_var_err(chan(x, dtype), ref) <= 2 * np.log2(D) * u * k
+        )  # O(log2 D u kappa)
 
 
 def test_welford_and_chan_beat_naive_by_orders_at_large_offset():
@@ -163,8 +178,12 @@ def test_welford_and_chan_beat_naive_by_orders_at_large_offset():
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("loc, scale", [(0.0, 1.0), (3.0, 1.0), (0.0, 1e-3), (-2.0, 5.0)])
-def test_welford_and_chan_equal_two_pass_to_a_few_ulps_on_benign_data(dtype, loc, scale):
+@pytest.mark.parametrize(
+    "loc, scale", [(0.0, 1.0), (3.0, 1.0), (0.0, 1e-3), (-2.0, 5.0)]
+)
+def test_welford_and_chan_equal_two_pass_to_a_few_ulps_on_benign_data(
+    dtype, loc, scale
+):
     rng = np.random.default_rng(2)
     x = rng.normal(loc, scale, (64, 256)).astype(dtype)
     ulp = float(np.finfo(dtype).eps)
@@ -184,8 +203,12 @@ def test_chan_tree_handles_any_row_length(D):
     x = rng.normal(1.0, 2.0, (4, D))
     ref = exact(x)
     out = chan(x, np.float64)
-    np.testing.assert_allclose(out.mean, ref.mean, rtol=8 * unit_roundoff(np.float64), atol=1e-15)
-    np.testing.assert_allclose(out.var, ref.var, rtol=16 * unit_roundoff(np.float64), atol=0)
+    np.testing.assert_allclose(
+        out.mean, ref.mean, rtol=8 * unit_roundoff(np.float64), atol=1e-15
+    )
+    np.testing.assert_allclose(
+        out.var, ref.var, rtol=16 * unit_roundoff(np.float64), atol=0
+    )
 
 
 def test_only_naive_goes_negative():
@@ -198,7 +221,9 @@ def test_only_naive_goes_negative():
 
 def test_float16_accumulation_overflows_and_upcasting_fixes_it():
     rng = np.random.default_rng(3)
-    x = (10.0 * rng.standard_normal((4, 1024))).astype(np.float16)  # sum of squares ~ 1e5 > 65504
+    x = (10.0 * rng.standard_normal((4, 1024))).astype(
+        np.float16
+    )  # sum of squares ~ 1e5 > 65504
     ref = exact(x)
     with np.errstate(over="ignore", invalid="ignore"):
         for algorithm in (naive, two_pass):
@@ -269,9 +294,24 @@ def test_array_likes_are_accepted():
     "x, dtype, exc, words",
     [
         (np.arange(6).reshape(2, 3), None, TypeError, "x must have a floating dtype"),
-        (np.ones((2, 3)), np.int32, TypeError, "dtype must be float16, float32 or float64"),
-        (np.ones((2, 3)), "not-a-dtype", TypeError, "dtype must be float16, float32 or float64"),
-        (np.ones((2, 3)), np.complex128, TypeError, "dtype must be float16, float32 or float64"),
+        (
+            np.ones((2, 3)),
+            np.int32,
+            TypeError,
+            "dtype must be float16, float32 or float64",
+        ),
+        (
+            np.ones((2, 3)),
+            "not-a-dtype",
+            TypeError,
+            "dtype must be float16, float32 or float64",
+        ),
+        (
+            np.ones((2, 3)),
+            np.complex128,
+            TypeError,
+            "dtype must be float16, float32 or float64",
+        ),
         (np.float64(1.0), None, ValueError, "at least one dimension"),
         (np.ones((2, 0)), None, ValueError, "D >= 1"),
     ],
@@ -293,12 +333,19 @@ def test_exact_rejects_non_finite_values_and_bad_rows():
 
 
 def test_module_exports():
-    assert set(ALGORITHMS.values()) == {naive, two_pass, corrected_two_pass, welford, chan}
+    assert set(ALGORITHMS.values()) == {
+        naive,
+        two_pass,
+        corrected_two_pass,
+        welford,
+        chan,
+    }
     for name in variance.__all__:
         assert hasattr(variance, name)
 
 
 # --- the corrected two-pass algorithm and the corrected mean -----------------------
+
 
 @pytest.mark.parametrize("offset", [1e2, 1e4, 1e6])
 def test_corrected_two_pass_is_flat_in_the_offset_in_float32(offset):
@@ -307,7 +354,7 @@ def test_corrected_two_pass_is_flat_in_the_offset_in_float32(offset):
     rng = np.random.default_rng(7)
     x = (offset + rng.standard_normal((32, 256))).astype(np.float32)
     ref = exact(x)
-    u, L = 2.0 ** -24, np.log2(256)
+    u, L = 2.0**-24, np.log2(256)
     corrected = corrected_two_pass(x).var.astype(np.float64)
     err = np.abs(corrected - ref.var) / ref.var
     assert err.max() < 4 * L * u
@@ -335,7 +382,7 @@ def test_corrected_mean_carries_the_error_of_the_first_mean():
     err_hi = np.abs(m_hi[:, 0].astype(np.float64) - ref)
     err_two = np.abs(m_hi[:, 0].astype(np.float64) + m_lo[:, 0] - ref)
     # m_hi alone is off by up to ulp-sized amounts of 1e5; the pair by far less.
-    assert err_two.max() < 1e-3 * max(err_hi.max(), 2.0 ** -24 * 1e5)
+    assert err_two.max() < 1e-3 * max(err_hi.max(), 2.0**-24 * 1e5)
     # And centring with the pair is as good as float64 centring, to float32.
     xhat_pair = (x - m_hi) - m_lo
     true_dev = x.astype(np.float64) - ref[:, None]

@@ -1,4 +1,4 @@
-"""Fused layer-norm kernels in CUDA C: compiled and inspected anywhere, run where a GPU is.
+r"""Fused layer-norm kernels in CUDA C: compiled and inspected anywhere, run on a GPU.
 
 The kernels are the ``*.cu`` files next to this module:
 
@@ -14,22 +14,35 @@ The kernels are the ``*.cu`` files next to this module:
   ``(row_groups, D)`` buffer, which a second kernel reduces in a fixed order:
   deterministic, no atomics.
 
-Storage is float32 or float16; arithmetic is always float32.
+Storage is float32 or float16; arithmetic is always float32. Chapter 6 ("One
+kernel: fused layer norm on the GPU") derives and measures them.
 
 What works where:
 
-* everywhere (no GPU, no driver): :func:`kernels.compile_ptx` (NVRTC),
-  :func:`ptx.inspect_ptx`, :func:`ptx.ptxas_usage`, the launch plan
-  :func:`kernels.plan`, and the bit-faithful NumPy emulation
-  :func:`emulate.forward` / :func:`emulate.backward`;
-* everywhere: the time model :mod:`model` (bytes, and the latency each row
-  exposes) and the dry run of ``python -m lnorm.gpu.measure``;
-* with a CUDA device (:func:`available` says so): :class:`run.FusedLayerNorm`,
-  the op-by-op CuPy versions, timing with CUDA events, and
-  ``python -m lnorm.gpu.measure``, which checks and times everything in one
-  run and writes JSON (``book/data/gpu`` holds one such file).
+* everywhere (no GPU, no driver): :func:`lnorm.gpu.kernels.compile_ptx`
+  (NVRTC), :func:`lnorm.gpu.ptx.inspect_ptx`, :func:`lnorm.gpu.ptx.ptxas_usage`,
+  the launch plan :func:`lnorm.gpu.kernels.plan`, and the bit-faithful NumPy
+  emulation :func:`lnorm.gpu.emulate.forward` /
+  :func:`lnorm.gpu.emulate.backward`;
+* everywhere: the time model :mod:`lnorm.gpu.model` (bytes, and the latency
+  each row exposes) and the dry run of ``python -m lnorm.gpu.measure``;
+* with g++ (:func:`lnorm.gpu.host.available` says so): the CUDA source itself
+  run on the CPU, :class:`lnorm.gpu.host.HostLayerNorm`;
+* with a CUDA device (:func:`lnorm.gpu.run.available` says so):
+  :class:`lnorm.gpu.run.FusedLayerNorm`, the op-by-op CuPy versions, timing
+  with CUDA events, and ``python -m lnorm.gpu.measure``, which checks and
+  times everything in one run and writes JSON (``book/data/gpu`` holds one
+  such file).
 
 Importing this package never imports CuPy.
+
+Examples
+--------
+>>> from lnorm import gpu
+>>> gpu.plan(8192, 1024, "float16").kernel("forward")
+'ln_fwd_block_f16_v8'
+>>> isinstance(gpu.available()[0], bool)
+True
 """
 
 from . import check, emulate, kernels, model, ptx, run

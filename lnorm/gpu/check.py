@@ -1,22 +1,32 @@
-"""Test inputs, a forward-backward run, the float64 reference, and error measures.
+r"""Test inputs, a forward-backward run, the float64 reference, and error measures.
 
 Used alike for the NumPy emulation (any machine), the op-by-op version and
 the kernels (on a GPU): all three take ``forward(x, gamma, beta)`` and
-``backward(dy, x, gamma, mean_hi, mean_lo, rstd)``. Each function is a thin layer over
-what :mod:`lnorm` already has, keyed by name (``"x"``, ``"dx"``, ...) so that
-outputs and the reference line up.
+``backward(dy, x, gamma, mean_hi, mean_lo, rstd)``. Each function is a thin
+layer over what :mod:`lnorm` already has, keyed by name (``"x"``, ``"dx"``,
+...) so that outputs and the reference line up. Chapter 6 ("One kernel: fused
+layer norm on the GPU") runs these checks; the error measure is that of the
+gradient-check chapter.
+
+Examples
+--------
+>>> from lnorm.gpu import emulate
+>>> inp = make_inputs(16, 64, "float32")
+>>> got = forward_backward(emulate.forward, emulate.backward, inp)
+>>> errors = relative_errors(got, reference(inp))
+>>> all(errors[k] <= error_bounds(64)[k] for k in ("y", "dx"))
+True
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .kernels import LaunchPlan, plan
-
 from ..bench import make_inputs as bench_inputs
 from ..core import backward as core_backward
 from ..core import forward as core_forward
 from ..gradcheck import compare_gradients
+from .kernels import LaunchPlan, plan
 
 __all__ = [
     "SHAPES", "make_inputs", "forward_backward", "reference", "relative_errors",
@@ -27,7 +37,9 @@ __all__ = [
 #: them every kernel variant (tests/test_gpu.py asserts it), warp and block
 #: per row, ``D`` a multiple of the vector width (512, 8192, 64) and not (7,
 #: 513, 1027, 4099), up to the longest row, and many short rows.
-SHAPES = ((64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64))
+SHAPES = (
+    (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64)
+)
 
 
 def _host(a) -> np.ndarray:
@@ -36,19 +48,43 @@ def _host(a) -> np.ndarray:
 
 
 def make_inputs(rows: int, D: int, dtype, seed: int = 0) -> dict[str, np.ndarray]:
-    """:func:`lnorm.bench.make_inputs` of shape ``(rows, D)``, as a dict.
+    r"""Make seeded test inputs of shape ``(rows, D)``, keyed by name.
+
+    :func:`lnorm.bench.make_inputs` of shape ``(rows, D)``, as a dict.
+
+    Parameters
+    ----------
+    rows, D : int
+        Number of rows and row length.
+    dtype : dtype-like
+        Storage type of every array, e.g. ``"float32"`` or ``"float16"``.
+    seed : int, default 0
+        Seed of the random generator: equal seeds give equal inputs.
 
     Returns
     -------
-    dict
+    dict of str to ndarray
         ``x`` and ``dy`` of shape ``(rows, D)``, ``gamma`` and ``beta`` of
         shape ``(D,)``, all in ``dtype``.
+
+    See Also
+    --------
+    lnorm.gpu.check.forward_backward : Runs an implementation on them.
+
+    Examples
+    --------
+    >>> for name, a in make_inputs(3, 8, "float16").items():
+    ...     print(name, a.shape, a.dtype)
+    x (3, 8) float16
+    gamma (8,) float16
+    beta (8,) float16
+    dy (3, 8) float16
     """
     return dict(zip(("x", "gamma", "beta", "dy"), bench_inputs((rows, D), dtype, seed)))
 
 
 def forward_backward(forward, backward, inputs: dict) -> dict[str, np.ndarray]:
-    """Run ``forward`` then ``backward`` on ``inputs``; every result on the host.
+    r"""Run ``forward`` then ``backward`` on ``inputs``; every result on the host.
 
     Parameters
     ----------
@@ -56,30 +92,69 @@ def forward_backward(forward, backward, inputs: dict) -> dict[str, np.ndarray]:
         ``forward(x, gamma, beta) -> (y, mean_hi, mean_lo, rstd)``, e.g.
         :func:`lnorm.gpu.emulate.forward` or ``FusedLayerNorm().forward``.
     backward : callable
-        ``backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> (dx, dgamma, dbeta)``.
+        ``backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> (dx, dgamma,
+        dbeta)``.
     inputs : dict
         ``x``, ``gamma``, ``beta``, ``dy`` (NumPy or CuPy arrays), as
-        :func:`make_inputs` makes them.
+        :func:`lnorm.gpu.check.make_inputs` makes them.
 
     Returns
     -------
-    dict
+    dict of str to ndarray
         ``y``, ``mean_hi``, ``mean_lo``, ``rstd``, ``dx``, ``dgamma``,
-        ``dbeta`` as NumPy arrays.
+        ``dbeta`` as NumPy arrays (CuPy results are copied to the host).
+
+    See Also
+    --------
+    lnorm.gpu.check.reference : The float64 answer to compare with.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import emulate
+    >>> out = forward_backward(emulate.forward, emulate.backward,
+    ...                        make_inputs(4, 8, "float32"))
+    >>> list(out)
+    ['y', 'mean_hi', 'mean_lo', 'rstd', 'dx', 'dgamma', 'dbeta']
     """
     x, gamma = inputs["x"], inputs["gamma"]
     y, hi, lo, rstd = forward(x, gamma, inputs["beta"])
     dx, dgamma, dbeta = backward(inputs["dy"], x, gamma, hi, lo, rstd)
-    out = {"y": y, "mean_hi": hi, "mean_lo": lo, "rstd": rstd, "dx": dx, "dgamma": dgamma,
-           "dbeta": dbeta}
+    out = {"y": y, "mean_hi": hi, "mean_lo": lo, "rstd": rstd, "dx": dx,
+           "dgamma": dgamma, "dbeta": dbeta}
     return {k: _host(v) for k, v in out.items()}
 
 
-def reference(inputs: dict[str, np.ndarray], eps: float = 1e-5) -> dict[str, np.ndarray]:
-    """``y``, ``dx``, ``dgamma``, ``dbeta`` from :func:`lnorm.forward` / :func:`lnorm.backward` in float64.
+def reference(
+    inputs: dict[str, np.ndarray], eps: float = 1e-5
+) -> dict[str, np.ndarray]:
+    r"""Compute ``y``, ``dx``, ``dgamma``, ``dbeta`` in float64 for the stored inputs.
 
-    The stored inputs are converted to float64 exactly, so this is the answer
-    for the very numbers the kernel read, with errors of order 1e-16.
+    :func:`lnorm.core.forward` and :func:`lnorm.core.backward` in float64. The
+    stored inputs are converted to float64 exactly, so this is the answer for
+    the very numbers the kernel read, with errors of order 1e-16.
+
+    Parameters
+    ----------
+    inputs : dict of str to ndarray
+        ``x``, ``gamma``, ``beta``, ``dy``, as
+        :func:`lnorm.gpu.check.make_inputs` makes them.
+    eps : float, default 1e-5
+        Added to the variance.
+
+    Returns
+    -------
+    dict of str to ndarray
+        ``y``, ``dx``, ``dgamma``, ``dbeta``, float64.
+
+    See Also
+    --------
+    lnorm.gpu.check.relative_errors : Compares a result with this.
+
+    Examples
+    --------
+    >>> ref = reference(make_inputs(4, 8, "float16"))
+    >>> list(ref), ref["y"].dtype
+    (['y', 'dx', 'dgamma', 'dbeta'], dtype('float64'))
     """
     as64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     y, cache = core_forward(as64["x"], as64["gamma"], as64["beta"], eps)
@@ -88,15 +163,34 @@ def reference(inputs: dict[str, np.ndarray], eps: float = 1e-5) -> dict[str, np.
 
 
 def relative_errors(result: dict, ref: dict) -> dict[str, float]:
-    """The relative error of :mod:`lnorm.gradcheck` for every key of ``ref``.
+    r"""Return the normwise relative error of ``result`` for every key of ``ref``.
 
-    .. math::
+    ``rel = max_i |a_i - r_i| / max(max_i |a_i|, max_i |r_i|)`` with
+    ``a = result[key]`` and ``r = ref[key]``: the measure of
+    :func:`lnorm.gradcheck.compare_gradients`.
 
-        \\mathrm{rel} = \\frac{\\max_i |a_i - r_i|}{\\max(\\max_i |a_i|,\\ \\max_i |r_i|)}
+    Parameters
+    ----------
+    result : dict
+        Arrays by name, NumPy or CuPy (CuPy ones are copied to the host); it
+        may hold more keys than ``ref``.
+    ref : dict of str to ndarray
+        The reference, e.g. from :func:`lnorm.gpu.check.reference`.
 
-    with ``a = result[key]`` and ``r = ref[key]`` (see
-    :func:`lnorm.gradcheck.compare_gradients`). ``result`` values may be NumPy
-    or CuPy arrays (CuPy ones are copied to the host).
+    Returns
+    -------
+    dict of str to float
+        ``{key: rel}`` for every key of ``ref``.
+
+    See Also
+    --------
+    lnorm.gpu.check.error_bounds : What float32 kernels may reach.
+
+    Examples
+    --------
+    >>> ref = {"y": np.array([1.0, -2.0])}
+    >>> relative_errors({"y": np.array([1.0, -2.5])}, ref)
+    {'y': 0.2}
     """
     names = tuple(ref)
     got = [_host(result[k]) for k in names]
@@ -106,11 +200,34 @@ def relative_errors(result: dict, ref: dict) -> dict[str, float]:
 
 
 def summation_depth(p: LaunchPlan) -> int:
-    """Additions on the longest path of the kernels' row sums, ``k``.
+    r"""Count the additions on the longest path of the kernels' row sums, ``k``.
 
-    Each thread adds its elements (at most ``vecs_per_thread * vec``) in sequence, then
-    a warp's 32 partial sums meet in 5 shuffle rounds, and a block's warps in
-    5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)``.
+    Each thread adds its elements (at most ``vecs_per_thread * vec``) in
+    sequence, then a warp's 32 partial sums meet in 5 shuffle rounds, and a
+    block's warps in 5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)``.
+
+    Parameters
+    ----------
+    p : LaunchPlan
+        The plan whose sums are counted (:func:`lnorm.gpu.kernels.plan`).
+
+    Returns
+    -------
+    int
+        ``k``: the rounding errors one row sum can accumulate.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.row_sum : The sum whose depth this is.
+    lnorm.gpu.check.error_bounds : The bounds that grow with ``k``.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.kernels import plan
+    >>> summation_depth(plan(1, 7, np.float32))  # 1 element a thread, 5 rounds
+    6
+    >>> summation_depth(plan(1, 4096, np.float32))  # 16 a thread, 5 + 5 rounds
+    26
     """
     nvec = p.D // p.vec
     serial = -(-nvec // p.threads_per_row) * p.vec
@@ -118,9 +235,10 @@ def summation_depth(p: LaunchPlan) -> int:
 
 
 def error_bounds(D: int) -> dict[str, float]:
-    """Worst-case first-order error bounds of the float32 kernels, any row offset.
+    r"""Bound the first-order error of the float32 kernels, for any row offset.
 
-    With ``u = 2**-24`` and ``k`` the :func:`summation_depth` of the plan:
+    With ``u = 2**-24`` and ``k`` the :func:`lnorm.gpu.check.summation_depth`
+    of the plan:
 
     * ``mean_hi`` may be off by any amount as long as ``x - mean_hi`` is
       exact (Sterbenz's lemma, once the offset dominates the spread); then
@@ -132,23 +250,43 @@ def error_bounds(D: int) -> dict[str, float]:
       and division, ``(k/2 + 3) u``;
     * ``xhat = d * rstd`` then carries ``(1.5 k + 5) u`` relative to
       ``max |xhat|`` and ``y = gamma * xhat + beta`` three roundings more:
-
-    .. math::
-
-        \\frac{\\max_i |y_i - y_i^{\\text{exact}}|}{\\max_i |y_i|} \\le (1.5k + 8)\\,u
+      ``max_i |y_i - y_exact_i| / max_i |y_i| <= (1.5 k + 8) u``.
 
     The backward's ``dx = rstd (g - mean(g) - xhat mean(g xhat))`` subtracts
     terms of size ``rstd max|g|`` (``g = gamma dy``); the same count gives,
     relative to that scale, ``(2k + 12) u`` (the ``dx`` measure of
-    :func:`offset_errors`). With ``k <= 16 + log2 D`` both are of the form
-    ``c u (1 + log2 D)``. Nothing depends on the offset of ``x``: that is the
-    point of the corrected mean. Measured errors sit far below (random
+    :func:`lnorm.gpu.check.offset_errors`). With ``k <= 16 + log2 D`` both are
+    of the form ``c u (1 + log2 D)``. Nothing depends on the offset of ``x``:
+    that is the point of the corrected mean. Measured errors sit far below (random
     rounding errors grow like ``sqrt(k)``, not ``k``).
+
+    Chapter 4 (numerical stability) explains the corrected mean; chapter 6
+    sets these bounds beside measured errors.
+
+    Parameters
+    ----------
+    D : int
+        Row length, as :func:`lnorm.gpu.kernels.plan` accepts it.
 
     Returns
     -------
     dict
         ``{"y": ..., "dx": ..., "depth": k}`` for float32 rows of length ``D``.
+
+    Raises
+    ------
+    ValueError
+        ``D`` outside ``1 .. max_D()``.
+
+    See Also
+    --------
+    lnorm.gpu.check.offset_errors : The errors the bounds are for.
+
+    Examples
+    --------
+    >>> b = error_bounds(1024)
+    >>> b["depth"], b["y"] * 2**24, b["dx"] * 2**24  # (1.5 k + 8) u, (2 k + 12) u
+    (26, 47.0, 64.0)
     """
     k = summation_depth(plan(1, D, np.float32))
     u = float(np.finfo(np.float32).eps) / 2
@@ -157,13 +295,45 @@ def error_bounds(D: int) -> dict[str, float]:
 
 def offset_errors(forward, backward, D: int, offset: float, dy_offset: float = 0.0,
                   rows: int = 16, seed: int = 0) -> dict[str, float]:
-    """Errors of float32 ``y`` and ``dx`` against float64 for rows shifted by ``offset``.
+    r"""Measure the error of float32 ``y`` and ``dx`` for rows shifted by ``offset``.
 
     ``x`` is standard normal plus ``offset`` (so the offset is in units of
     the row's spread); ``dy`` is standard normal plus ``dy_offset``. ``y`` is
     measured relative to ``max |y|``; ``dx`` relative to ``rstd max |gamma
     dy|`` per row, the size of the terms its formula subtracts (which is
     ``max |dx|`` when ``dy_offset`` is 0, and much more when it is large).
+    Both against the float64 :func:`lnorm.gpu.check.reference`.
+
+    Parameters
+    ----------
+    forward, backward : callable
+        An implementation, as for :func:`lnorm.gpu.check.forward_backward`.
+    D : int
+        Row length.
+    offset : float
+        Added to every element of ``x``.
+    dy_offset : float, default 0.0
+        Added to every element of ``dy``.
+    rows : int, default 16
+        Number of rows.
+    seed : int, default 0
+        Seed of the random inputs.
+
+    Returns
+    -------
+    dict of str to float
+        ``{"y": ..., "dx": ...}``: the two relative errors.
+
+    See Also
+    --------
+    lnorm.gpu.check.error_bounds : What they may reach at most.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import emulate
+    >>> e = offset_errors(emulate.forward, emulate.backward, 64, offset=1e4, rows=4)
+    >>> e["y"] <= error_bounds(64)["y"], e["dx"] <= error_bounds(64)["dx"]
+    (True, True)
     """
     rng = np.random.default_rng(seed)
     inp = {"x": (rng.standard_normal((rows, D)) + offset).astype(np.float32),
@@ -174,6 +344,7 @@ def offset_errors(forward, backward, D: int, offset: float, dy_offset: float = 0
     ref = reference(inp)
     x64 = inp["x"].astype(np.float64)
     rstd = 1 / np.sqrt(x64.var(axis=1, keepdims=True) + 1e-5)
-    scale = rstd * np.abs(inp["dy"].astype(np.float64) * inp["gamma"]).max(axis=1, keepdims=True)
+    scale = rstd * np.abs(inp["dy"].astype(np.float64) * inp["gamma"]).max(
+        axis=1, keepdims=True)
     return {"y": float(np.abs(got["y"] - ref["y"]).max() / np.abs(ref["y"]).max()),
             "dx": float((np.abs(got["dx"] - ref["dx"]) / scale).max())}

@@ -1,4 +1,4 @@
-"""The kernels' arithmetic, operation for operation, in NumPy float32 on the CPU.
+r"""The kernels' arithmetic, operation for operation, in NumPy float32 on the CPU.
 
 The fused kernels add in a fixed order (the mean as two halves, ``mean_hi``
 and its correction ``mean_lo``, each a row sum): each thread sums its own elements in
@@ -11,7 +11,16 @@ in exactly that order, with the same launch plan
 ``--fmad=false`` and use correctly rounded division and square root, and
 NumPy's float32 arithmetic is IEEE round-to-nearest, so on a GPU the kernels
 and this emulation agree to the bit. Here it lets a machine without a GPU
-check the algorithm against :mod:`lnorm.core`.
+check the algorithm against :mod:`lnorm.core`. Chapter 6 ("One kernel: fused
+layer norm on the GPU") derives the order and checks the bits.
+
+Examples
+--------
+>>> from lnorm.gpu.check import make_inputs
+>>> inp = make_inputs(4, 8, "float16")
+>>> y, mean_hi, mean_lo, rstd = forward(inp["x"], inp["gamma"], inp["beta"])
+>>> y.dtype, mean_hi.dtype, rstd.shape
+(dtype('float16'), dtype('float32'), (4,))
 """
 
 from __future__ import annotations
@@ -38,15 +47,21 @@ def _lanes(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
 
 
 def _butterfly(s: np.ndarray) -> np.ndarray:
-    """Sum the last axis (32 lanes) as ``__shfl_xor_sync`` with offsets 16, 8, 4, 2, 1 does."""
+    """Sum the last axis (32 lanes) as ``__shfl_xor_sync`` with offsets 16 to 1 does."""
     while s.shape[-1] > 1:
         half = s.shape[-1] // 2
-        s = s[..., :half] + s[..., half:]  # lane i (< half) adds lane i ^ half = i + half
+        # lane i (< half) adds lane i ^ half = i + half
+        s = s[..., :half] + s[..., half:]
     return s[..., 0]
 
 
 def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
-    """Sum each row of ``a`` (float32, shape ``(rows, D)``) in the kernels' order.
+    r"""Sum each row of ``a`` (float32, shape ``(rows, D)``) in the kernels' order.
+
+    Each thread adds its own elements in sequence (vector ``t``, ``t + G``,
+    ... of ``vec`` elements, ``G`` threads per row), a warp's 32 lanes meet in
+    a butterfly (lane ``i`` plus lane ``i ^ 16``, then ``^ 8``, ..., ``^ 1``),
+    and for one row per block, warp 0 combines the warps' sums the same way.
 
     Parameters
     ----------
@@ -54,20 +69,35 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
         Entries outside the row (beyond ``D``) count as exact zeros, which is
         what skipping them in the kernel amounts to.
     p : LaunchPlan
+        The plan of ``(rows, D)`` (:func:`lnorm.gpu.kernels.plan`).
 
     Returns
     -------
     ndarray, float32, shape (rows,)
+        The row sums, rounded at every addition as the kernel rounds.
+
+    See Also
+    --------
+    lnorm.gpu.check.summation_depth : The additions on the longest path.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.kernels import plan
+    >>> a = np.arange(2 * 600, dtype=np.float32).reshape(2, 600)
+    >>> row_sum(a, plan(2, 600, np.float32)).tolist()
+    [179700.0, 539700.0]
     """
     lanes = _lanes(a, p)
     per_thread = np.zeros((a.shape[0], p.threads_per_row), dtype=F32)
     for i in range(p.vecs_per_thread):  # each thread: its elements in sequence
         for c in range(p.vec):
             per_thread += lanes[:, i, :, c]
-    warps = _butterfly(per_thread.reshape(a.shape[0], p.threads_per_row // 32, 32))  # (rows, warps)
+    # (rows, warps)
+    warps = _butterfly(per_thread.reshape(a.shape[0], p.threads_per_row // 32, 32))
     if not p.per_block:
         return warps[:, 0]
-    padded = np.zeros((a.shape[0], 32), dtype=F32)  # warp 0 reads 32 slots, zeros past the warps
+    # warp 0 reads 32 slots, zeros past the warps
+    padded = np.zeros((a.shape[0], 32), dtype=F32)
     padded[:, : warps.shape[1]] = warps
     return _butterfly(padded)
 
@@ -75,23 +105,41 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
 def forward(
     x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Emulate the fused forward kernel.
+    r"""Emulate the fused forward kernel.
 
     In float32, in the kernel's order: ``mean_hi = sum(x) / D``,
     ``mean_lo = sum(x - mean_hi) / D``, ``d = (x - mean_hi) - mean_lo``,
     ``var = sum(d * d) / D``, ``rstd = 1 / sqrt(var + eps)``,
-    ``y = d * rstd * gamma + beta``, rounded once to the dtype of ``x``.
+    ``y = d * rstd * gamma + beta``, rounded once to the dtype of ``x``; every
+    sum is :func:`lnorm.gpu.emulate.row_sum`. ``mean_hi + mean_lo`` is the
+    corrected mean: ``mean_lo`` recovers what rounding ``mean_hi`` lost.
 
     Parameters
     ----------
     x : ndarray, shape (..., D), float32 or float16
+        The input; the statistics are taken over the last axis.
     gamma, beta : ndarray, shape (D,), the dtype of ``x``
-    eps : float
+        Scale and shift.
+    eps : float, default 1e-5
+        Added to the variance.
 
     Returns
     -------
     y : ndarray, shape and dtype of ``x``
+        The normalized, scaled and shifted rows.
     mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
+        The row statistics the backward takes.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.backward : The backward that takes these statistics.
+    lnorm.gpu.run.FusedLayerNorm.forward : The kernel it emulates.
+    lnorm.core.forward : The float64 reference.
 
     Examples
     --------
@@ -114,19 +162,32 @@ def forward(
 
 
 def strip_sums(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
-    """The backward kernel's column partial sums: what it writes to ``dgamma_part``.
+    r"""Sum columns over strips of rows, as the backward kernel writes ``dgamma_part``.
 
     Parameters
     ----------
     a : ndarray, float32, shape (rows, D)
         The per-element terms, ``dy * xhat`` (for dgamma) or ``dy`` (for dbeta).
     p : LaunchPlan
+        The plan of ``(rows, D)``: ``row_groups`` strips of
+        ``rows_per_group`` rows.
 
     Returns
     -------
     ndarray, float32, shape (row_groups, D)
         Row ``k``: the sum of ``a`` over the ``k``-th strip of
         ``rows_per_group`` rows, added in row order.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.reduce_partials : The second stage, over the strips.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.kernels import plan
+    >>> p = plan(40, 4, np.float32)  # strips of 16 rows: 16, 16 and 8
+    >>> strip_sums(np.ones((40, 4), np.float32), p)[:, 0].tolist()
+    [16.0, 16.0, 8.0]
     """
     padded = np.zeros((p.row_groups * p.rows_per_group, p.D), dtype=F32)
     padded[: p.rows] = a
@@ -138,18 +199,30 @@ def strip_sums(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
 
 
 def reduce_partials(part: np.ndarray) -> np.ndarray:
-    """What ``ln_bwd_reduce_params`` computes from the partial sums.
+    r"""Sum the partial sums over row groups, as ``ln_bwd_reduce_params`` does.
 
     Slice ``s`` of ``S = LN_REDUCE_SLICES`` sums rows ``s, s + S, s + 2S, ...``
-    of ``part`` in order; the ``S`` slices are then added in order.
+    of ``part`` in order; the ``S`` slices are then added in order. A fixed
+    order, no atomics: the result is the same on every run.
 
     Parameters
     ----------
     part : ndarray, float32, shape (row_groups, D)
+        What :func:`lnorm.gpu.emulate.strip_sums` returns.
 
     Returns
     -------
     ndarray, float32, shape (D,)
+        ``dgamma`` or ``dbeta``.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.strip_sums : The first stage.
+
+    Examples
+    --------
+    >>> reduce_partials(np.ones((20, 3), np.float32)).tolist()
+    [20.0, 20.0, 20.0]
     """
     S = constants()["LN_REDUCE_SLICES"]
     slices = np.zeros((S, part.shape[1]), dtype=F32)
@@ -165,7 +238,7 @@ def backward(
     dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, mean_hi: np.ndarray,
     mean_lo: np.ndarray, rstd: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Emulate the fused backward kernel and the dgamma/dbeta reduction.
+    r"""Emulate the fused backward kernel and the dgamma/dbeta reduction.
 
     In float32: ``xhat = ((x - mean_hi) - mean_lo) * rstd``, ``g = gamma * dy``,
     ``dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd`` with the row means
@@ -176,14 +249,29 @@ def backward(
     Parameters
     ----------
     dy, x : ndarray, shape (..., D), float32 or float16, one dtype
+        The upstream gradient and the forward's input.
     gamma : ndarray, shape (D,), the dtype of ``x``
+        The scale.
     mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
-        As :func:`forward` returns them.
+        As :func:`lnorm.gpu.emulate.forward` returns them.
 
     Returns
     -------
     dx : ndarray, shape and dtype of ``x``
+        The gradient of the input.
     dgamma, dbeta : ndarray, float32, shape (D,)
+        The gradients of the scale and shift, summed over all rows.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.forward : Makes the statistics.
+    lnorm.gpu.run.FusedLayerNorm.backward : The kernels it emulates.
+    lnorm.core.backward : The float64 reference.
 
     Examples
     --------

@@ -1,4 +1,4 @@
-"""Run the CUDA kernel sources themselves on the CPU, compiled by g++.
+r"""Run the CUDA kernel sources themselves on the CPU, compiled by g++.
 
 The ``.cu`` files are compiled verbatim after ``host/cuda_host.h``, a small
 header that maps CUDA onto the host: one OS thread per CUDA thread, blocks one
@@ -9,10 +9,19 @@ kernels exactly as :class:`lnorm.gpu.run.FusedLayerNorm` does on a GPU (same
 plan, grids, blocks and arguments), so its results can be compared bit for
 bit with :mod:`lnorm.gpu.emulate`, with no GPU. Compiled with sanitizer flags
 (``-fsanitize=address,undefined`` or ``-fsanitize=thread``) the library must
-run in a process that preloads the sanitizer runtime: :func:`run_in_subprocess`.
+run in a process that preloads the sanitizer runtime:
+:func:`lnorm.gpu.host.run_in_subprocess`.
 
 Compiled libraries are cached in ``$LNORM_CUDA_HOST_CACHE`` (default
 ``~/.cache/lnorm-cuda-host``), keyed by a hash of the sources and flags.
+Chapter 6 ("One kernel: fused layer norm on the GPU") says what this run
+checks and what only a GPU can.
+
+Examples
+--------
+>>> ok, reason = available()  # g++ here, able to compile cuda_host.h?
+>>> isinstance(ok, bool), isinstance(reason, str)
+(True, True)
 """
 
 from __future__ import annotations
@@ -32,12 +41,20 @@ from pathlib import Path
 
 import numpy as np
 
-from .kernels import (COMMON_FILE, KERNEL_FILES, SOURCE_DIR, check_backward_args,
-                      check_forward_args, constants, kernel_params)
+from .kernels import (
+    COMMON_FILE,
+    KERNEL_FILES,
+    SOURCE_DIR,
+    check_backward_args,
+    check_forward_args,
+    constants,
+    kernel_params,
+)
 
 __all__ = ["HEADER", "SANITIZE", "available", "build", "HostLayerNorm", "sanitizer_env",
            "run_in_subprocess", "selftest"]
 
+#: The header that maps CUDA onto the host: threads, barriers, warp shuffles.
 HEADER = Path(__file__).resolve().parent / "host" / "cuda_host.h"
 #: No contraction into fused multiply-adds (as ``--fmad=false`` on the GPU).
 BASE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-pthread", "-ffp-contract=off",
@@ -47,7 +64,7 @@ SANITIZE = {"asan": ("-fsanitize=address,undefined", "-fno-sanitize-recover=all"
             "tsan": ("-fsanitize=thread",)}
 _KEEP = 24  # libraries kept in the cache, the most recently used
 _ALLOC_UNIT = """#include <stdlib.h>
-extern "C" void* lnorm_host_alloc(size_t n) {  // exactly n bytes (sanitizers see the end)
+extern "C" void* lnorm_host_alloc(size_t n) {  // exactly n bytes: ASan sees the end
     void* p = nullptr;
     return posix_memalign(&p, 16, n ? n : 1) ? nullptr : p;
 }
@@ -69,21 +86,53 @@ def _cache_dir() -> Path:
 def _unit(filename: str) -> str:  # no path in it: equal sources give one cache entry
     lines = ['#include "cuda_host.h"', f'#include "{filename}"']
     for name in kernel_params(filename):
-        lines.append(f'extern "C" void lnorm_launch_{name}(const unsigned* g, const unsigned* b, '
-                     f'void** a, const char* s) {{ cuda_host::launch({name}, "{name}", g, b, a, s); }}')
+        lines.append(f'extern "C" void lnorm_launch_{name}(const unsigned* g, '
+                     f'const unsigned* b, void** a, const char* s) '
+                     f'{{ cuda_host::launch({name}, "{name}", g, b, a, s); }}')
     return "\n".join(lines) + "\n"
 
 
 def build(flags=(), source_dir=None) -> Path:
-    """Compile the kernel files with g++ into a shared library (cached); return its path.
+    r"""Compile the kernel files with g++ into a shared library (cached).
+
+    One object per kernel file, each with a C entry point
+    ``lnorm_launch_<kernel>`` per kernel, and an allocator; the library is
+    cached under a hash of g++, the header, the sources and the flags, so an
+    unchanged build costs one hash.
 
     Parameters
     ----------
-    flags : sequence of str
+    flags : sequence of str, default ()
         Extra g++ flags, e.g. ``SANITIZE["tsan"]``.
     source_dir : path, optional
         Where ``layernorm_*.cu`` are read (default: the package's); tests point
         it at modified copies.
+
+    Returns
+    -------
+    pathlib.Path
+        The shared library, in the cache directory.
+
+    Raises
+    ------
+    RuntimeError
+        If g++ is not on PATH, or fails to compile or link (its messages are
+        in the exception).
+
+    See Also
+    --------
+    lnorm.gpu.host.HostLayerNorm : Loads the library.
+    lnorm.gpu.host.available : Whether g++ can build it here.
+
+    Examples
+    --------
+    >>> try:
+    ...     path = build()
+    ... except RuntimeError as exc:  # no usable g++ here: it says so
+    ...     print(str(exc).startswith("g++"))
+    ... else:
+    ...     print(path.suffix == ".so" and path == build())  # the second is cached
+    True
     """
     gxx = _gxx()
     if gxx is None:
@@ -93,9 +142,11 @@ def build(flags=(), source_dir=None) -> Path:
     units["alloc"] = _ALLOC_UNIT
     st = os.stat(os.path.realpath(gxx))
     texts = [(source_dir / f).read_text() for f in (COMMON_FILE, *KERNEL_FILES)]
-    key = repr((gxx, st.st_size, st.st_mtime, HEADER.read_text(), texts, units, BASE_FLAGS,
-                tuple(flags)))
-    out = _cache_dir() / f"lnorm-host-{hashlib.sha256(key.encode()).hexdigest()[:24]}.so"
+    key = repr((gxx, st.st_size, st.st_mtime, HEADER.read_text(), texts, units,
+                BASE_FLAGS, tuple(flags)))
+    out = _cache_dir() / (
+        f"lnorm-host-{hashlib.sha256(key.encode()).hexdigest()[:24]}.so"
+    )
     if out.exists():
         os.utime(out)  # most recently used: kept by the pruning below
         return out
@@ -103,11 +154,13 @@ def build(flags=(), source_dir=None) -> Path:
         def compile_one(name: str) -> Path:
             (Path(tmp) / f"{name}.cpp").write_text(units[name])
             obj = Path(tmp) / f"{name}.o"
-            cmd = [gxx, *BASE_FLAGS, *flags, f"-I{HEADER.parent}", f"-I{source_dir}", "-c",
-                   f"{tmp}/{name}.cpp", "-o", str(obj)]
+            cmd = [gxx, *BASE_FLAGS, *flags, f"-I{HEADER.parent}", f"-I{source_dir}",
+                   "-c", f"{tmp}/{name}.cpp", "-o", str(obj)]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
-                raise RuntimeError(f"g++ failed on {name}:\n{' '.join(cmd)}\n{done.stderr}")
+                raise RuntimeError(
+                    f"g++ failed on {name}:\n{' '.join(cmd)}\n{done.stderr}"
+                )
             return obj
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
@@ -119,20 +172,35 @@ def build(flags=(), source_dir=None) -> Path:
             raise RuntimeError(f"g++ failed to link:\n{done.stderr}")
         os.replace(lib, out)  # atomic: a concurrent build writes the same file
     with contextlib.suppress(OSError):  # another process may be pruning too
-        for old in sorted(out.parent.glob("lnorm-host-*.so"), key=os.path.getmtime)[:-_KEEP]:
+        for old in sorted(out.parent.glob("lnorm-host-*.so"),
+                          key=os.path.getmtime)[:-_KEEP]:
             old.unlink(missing_ok=True)
     return out
 
 
 @functools.cache
 def available() -> tuple[bool, str]:
-    """Whether the kernels can be compiled for the CPU here, and why not.
+    r"""Say whether the kernels can be compiled for the CPU here, and why not.
+
+    Compiles a test program once per process (the answer is cached).
 
     Returns
     -------
-    (bool, str)
-        ``(True, "<g++ path>")`` if g++ compiles a test program with
-        ``cuda_host.h`` (C++20, ``_Float16``); otherwise ``(False, reason)``.
+    ok : bool
+        True if g++ compiles a test program with ``cuda_host.h`` (C++20,
+        ``_Float16``).
+    reason : str
+        The path of g++ if ``ok``; otherwise why not.
+
+    See Also
+    --------
+    lnorm.gpu.run.available : Whether the kernels can run on a GPU.
+
+    Examples
+    --------
+    >>> ok, reason = available()
+    >>> isinstance(ok, bool), isinstance(reason, str)
+    (True, True)
     """
     gxx = _gxx()
     if gxx is None:
@@ -149,14 +217,45 @@ def available() -> tuple[bool, str]:
 
 
 class HostLayerNorm:
-    """The fused kernels run on the CPU, launched as :class:`lnorm.gpu.run.FusedLayerNorm` does.
+    r"""Run the fused kernels on the CPU, launched as the GPU class launches them.
+
+    Same plan, grids, blocks and arguments as
+    :class:`lnorm.gpu.run.FusedLayerNorm`, so the results equal
+    :mod:`lnorm.gpu.emulate` bit for bit. Construction builds (or finds in
+    the cache) the library of :func:`lnorm.gpu.host.build` and loads it.
 
     Parameters
     ----------
-    flags : sequence of str
-        Extra g++ flags (sanitizers: then use it only in :func:`run_in_subprocess`).
+    flags : sequence of str, default ()
+        Extra g++ flags (sanitizers: then use it only in
+        :func:`lnorm.gpu.host.run_in_subprocess`).
     source_dir : path, optional
         Directory of the ``.cu`` files (default: the package's).
+
+    Attributes
+    ----------
+    path : pathlib.Path
+        The loaded library.
+
+    Raises
+    ------
+    RuntimeError
+        If the library cannot be built (no g++, or a compile error).
+
+    See Also
+    --------
+    lnorm.gpu.host.selftest : Compares it with the emulation.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import emulate
+    >>> from lnorm.gpu.check import forward_backward, make_inputs
+    >>> inp = make_inputs(6, 8, "float16")
+    >>> if available()[0]:  # g++ here: the CPU run equals the emulation
+    ...     host = HostLayerNorm()
+    ...     got = forward_backward(host.forward, host.backward, inp)
+    ...     want = forward_backward(emulate.forward, emulate.backward, inp)
+    ...     assert all(np.array_equal(got[k], want[k]) for k in want)
     """
 
     def __init__(self, flags=(), source_dir=None) -> None:
@@ -168,11 +267,36 @@ class HostLayerNorm:
 
     @contextlib.contextmanager
     def buffers(self):
-        """Yield ``new(shape, dtype, init=None)``: arrays in exact-size, 16-byte aligned
-        allocations of the library (a sanitizer sees their ends), freed on exit.
+        r"""Allocate arrays in the library's memory, freed on leaving the block.
 
-        Without ``init`` a buffer is filled with 0xff bytes, so an element the
-        kernel fails to write shows (as a NaN pattern no arithmetic makes).
+        A context manager that yields ``new(shape, dtype, init=None)``: an
+        array in an exact-size, 16-byte aligned allocation of the library (a
+        sanitizer sees its end). Without ``init`` a buffer is filled with 0xff
+        bytes, so an element the kernel fails to write shows (as a NaN pattern
+        no arithmetic makes).
+
+        Yields
+        ------
+        callable
+            ``new(shape, dtype, init=None) -> numpy.ndarray``.
+
+        Raises
+        ------
+        MemoryError
+            If an allocation fails.
+
+        See Also
+        --------
+        lnorm.gpu.host.HostLayerNorm.launch : Takes these arrays.
+
+        Examples
+        --------
+        >>> bool(np.isnan(np.frombuffer(b"\xff" * 4, np.float32)[0]))  # the fill
+        True
+        >>> if available()[0]:  # g++ here
+        ...     with HostLayerNorm().buffers() as new:
+        ...         fresh, given = new((2, 3), np.float32), new((3,), np.float32, 1.5)
+        ...         assert np.isnan(fresh).all() and given.tolist() == [1.5] * 3
         """
         pointers = []
 
@@ -198,11 +322,50 @@ class HostLayerNorm:
                 self._lib.lnorm_host_free(ptr)
 
     def launch(self, kernel: str, grid, block, args) -> None:
-        """Run ``kernel<<<grid, block>>>(*args)``, arguments as for a CuPy ``RawKernel``.
+        r"""Run ``kernel<<<grid, block>>>(*args)``, arguments as for a CuPy kernel.
 
-        ``args``: arrays (passed as pointers), ``numpy.int32``, ``numpy.int64``,
-        ``numpy.float32`` or ``numpy.float64``; the kinds are checked against
-        the kernel's parameters. ``grid`` and ``block``: up to 3 numbers.
+        Blocks run one after another, each with one OS thread per CUDA thread.
+
+        Parameters
+        ----------
+        kernel : str
+            A kernel of :func:`lnorm.gpu.kernels.kernel_params`.
+        grid, block : sequence of int
+            Up to 3 numbers each.
+        args : sequence
+            Arrays (passed as pointers; allocate them with
+            :meth:`lnorm.gpu.host.HostLayerNorm.buffers`), ``numpy.int32``,
+            ``numpy.int64``, ``numpy.float32`` or ``numpy.float64``; the kinds
+            are checked against the kernel's parameters.
+
+        Raises
+        ------
+        TypeError
+            An argument of another type (a Python int or float, say).
+
+        See Also
+        --------
+        lnorm.gpu.host.HostLayerNorm.forward : Launches the forward this way.
+
+        Examples
+        --------
+        >>> from lnorm.gpu import emulate
+        >>> from lnorm.gpu.kernels import check_forward_args
+        >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+        >>> p = check_forward_args(x, g, b)
+        >>> p.kernel("forward"), (p.forward_grid,), (p.block,)
+        ('ln_fwd_warp_f32_v4', (1,), (128,))
+        >>> if available()[0]:  # g++ here: launch it by hand
+        ...     host = HostLayerNorm()
+        ...     with host.buffers() as new:
+        ...         ins = [new(a.shape, a.dtype, a) for a in (x, g, b)]
+        ...         y = new(x.shape, x.dtype)
+        ...         stats = [new((2,), np.float32) for _ in range(3)]
+        ...         host.launch(p.kernel("forward"), (p.forward_grid,), (p.block,),
+        ...                     (*ins, y, *stats, np.int32(p.rows), np.int32(p.D),
+        ...                      np.float32(1e-5)))
+        ...         assert np.array_equal(y, emulate.forward(x, g, b)[0])
         """
         kinds = ((np.ndarray, "p", lambda a: ctypes.c_void_p(a.ctypes.data)),
                  (np.float32, "f", ctypes.c_float), (np.float64, "d", ctypes.c_double),
@@ -211,8 +374,10 @@ class HostLayerNorm:
         for i, a in enumerate(args):
             kind = next((k for k in kinds if isinstance(a, k[0])), None)
             if kind is None:
-                raise TypeError(f"argument {i} of {kernel}: pass an array or a NumPy scalar "
-                                f"(numpy.int32, numpy.float32, ...); got {type(a).__name__}")
+                raise TypeError(
+                    f"argument {i} of {kernel}: pass an array or a NumPy scalar "
+                    f"(numpy.int32, numpy.float32, ...); got {type(a).__name__}"
+                )
             values.append(kind[2](a.item() if kind[1] != "p" else a))
             sig += kind[1]
         argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
@@ -220,12 +385,47 @@ class HostLayerNorm:
         getattr(self._lib, f"lnorm_launch_{kernel}")(*dims, argv, sig.encode())
 
     def forward(self, x, gamma, beta, eps: float = 1e-5) -> tuple:
-        """Fused forward on the CPU; as :meth:`lnorm.gpu.run.FusedLayerNorm.forward`.
+        r"""Run the fused forward on the CPU, as the GPU class's forward runs it.
+
+        The launch of :meth:`lnorm.gpu.run.FusedLayerNorm.forward`, on the
+        CPU.
+
+        Parameters
+        ----------
+        x : array_like, shape (..., D), float32 or float16
+            The input.
+        gamma, beta : array_like, shape (D,), the dtype of ``x``
+            Scale and shift.
+        eps : float, default 1e-5
+            Added to the variance.
 
         Returns
         -------
         y : ndarray, shape and dtype of ``x``
+            The output.
         mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
+            The row statistics the backward takes.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
+
+        See Also
+        --------
+        lnorm.gpu.emulate.forward : Its bit-for-bit twin in NumPy.
+
+        Examples
+        --------
+        >>> from lnorm.gpu import emulate
+        >>> x = np.float32(1e4) + np.arange(8, dtype=np.float32).reshape(1, 8)
+        >>> g, b = np.ones(8, np.float32), np.zeros(8, np.float32)
+        >>> want = emulate.forward(x, g, b)
+        >>> float(want[1][0]), float(want[2][0])  # mean_hi, mean_lo
+        (10003.5, 0.0)
+        >>> if available()[0]:  # g++ here: the same bits
+        ...     got = HostLayerNorm().forward(x, g, b)
+        ...     assert all(np.array_equal(a, w) for a, w in zip(got, want))
         """
         x, gamma, beta = (np.asarray(a) for a in (x, gamma, beta))
         p = check_forward_args(x, gamma, beta, eps)
@@ -240,17 +440,54 @@ class HostLayerNorm:
             return tuple(o.copy() for o in outs)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
-        """Fused backward and the dgamma/dbeta reduction on the CPU.
+        r"""Run the fused backward and the dgamma/dbeta reduction on the CPU.
+
+        The two launches of :meth:`lnorm.gpu.run.FusedLayerNorm.backward`, on
+        the CPU.
+
+        Parameters
+        ----------
+        dy, x : array_like, shape (..., D), float32 or float16
+            The upstream gradient and the forward's input, one dtype.
+        gamma : array_like, shape (D,), the dtype of ``x``
+            The scale.
+        mean_hi, mean_lo, rstd : array_like, float32, shape ``x.shape[:-1]``
+            As :meth:`lnorm.gpu.host.HostLayerNorm.forward` returns them.
 
         Returns
         -------
         dx : ndarray, shape and dtype of ``x``
+            The gradient of the input.
         dgamma, dbeta : ndarray, float32, shape (D,)
+            The gradients of the scale and shift.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
+
+        See Also
+        --------
+        lnorm.gpu.emulate.backward : Its bit-for-bit twin in NumPy.
+
+        Examples
+        --------
+        >>> from lnorm.gpu import emulate
+        >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+        >>> stats = emulate.forward(x, g, b)[1:]
+        >>> want = emulate.backward(np.ones_like(x), x, g, *stats)
+        >>> want[2].tolist()  # dbeta: the column sums of dy
+        [2.0, 2.0, 2.0, 2.0]
+        >>> if available()[0]:  # g++ here: the same bits
+        ...     got = HostLayerNorm().backward(np.ones_like(x), x, g, *stats)
+        ...     assert all(np.array_equal(a, w) for a, w in zip(got, want))
         """
         arrays = [np.asarray(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd)]
         p = check_backward_args(*arrays)
         if p.rows == 0:
-            return np.empty_like(arrays[1]), np.zeros(p.D, np.float32), np.zeros(p.D, np.float32)
+            return (np.empty_like(arrays[1]), np.zeros(p.D, np.float32),
+                    np.zeros(p.D, np.float32))
         with self.buffers() as new:
             ins = [new(a.shape, a.dtype, a) for a in arrays]
             dx = new(arrays[1].shape, arrays[1].dtype)
@@ -266,18 +503,47 @@ class HostLayerNorm:
 
 
 def sanitizer_env(flags=()) -> dict[str, str]:
-    """The environment for a process loading a library built with ``flags``.
+    r"""Make the environment for a process loading a library built with ``flags``.
 
     Python is not instrumented, so the sanitizer runtime is preloaded
-    (``LD_PRELOAD``); leak checking is off (Python keeps memory to the end).
+    (``LD_PRELOAD``, found by asking g++); leak checking is off (Python keeps
+    memory to the end), and any error halts the process. ``PYTHONPATH``
+    starts with the directory holding :mod:`lnorm`, so the child imports this
+    copy.
+
+    Parameters
+    ----------
+    flags : sequence of str, default ()
+        The build's extra g++ flags; with no sanitizer among them nothing is
+        preloaded.
+
+    Returns
+    -------
+    dict of str to str
+        A copy of ``os.environ`` with those settings.
+
+    See Also
+    --------
+    lnorm.gpu.host.run_in_subprocess : Runs a process in it.
+
+    Examples
+    --------
+    >>> import os
+    >>> env = sanitizer_env()
+    >>> env["ASAN_OPTIONS"], env["TSAN_OPTIONS"]
+    ('detect_leaks=0', 'halt_on_error=1')
+    >>> env["PYTHONPATH"].split(os.pathsep)[0] == str(SOURCE_DIR.parents[1])
+    True
     """
     env = dict(os.environ)
     joined = " ".join(flags)
-    runtime = ("libtsan.so" if "thread" in joined else "libasan.so" if "address" in joined
-               else "libubsan.so" if "undefined" in joined or "alignment" in joined else None)
+    runtime = ("libtsan.so" if "thread" in joined
+               else "libasan.so" if "address" in joined
+               else "libubsan.so" if "undefined" in joined or "alignment" in joined
+               else None)
     if runtime:
-        path = subprocess.run([_gxx(), f"-print-file-name={runtime}"], capture_output=True,
-                              text=True).stdout.strip()
+        path = subprocess.run([_gxx(), f"-print-file-name={runtime}"],
+                              capture_output=True, text=True).stdout.strip()
         env["LD_PRELOAD"] = path
     env["ASAN_OPTIONS"] = "detect_leaks=0"
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
@@ -289,15 +555,47 @@ def sanitizer_env(flags=()) -> dict[str, str]:
 
 def run_in_subprocess(code: str, flags=(), source_dir=None,
                       timeout: float = 600) -> subprocess.CompletedProcess:
-    """Run Python ``code`` in a fresh process set up for a library built with ``flags``.
+    r"""Run Python ``code`` in a fresh process set up for the library of ``flags``.
 
     The library is built here first, so the child finds it in the cache and
-    runs no compiler. The code may construct ``HostLayerNorm(flags, source_dir)``.
+    runs no compiler. The code may construct ``HostLayerNorm(flags,
+    source_dir)``. The environment is :func:`lnorm.gpu.host.sanitizer_env`.
+
+    Parameters
+    ----------
+    code : str
+        Python source, run as ``python -c code``.
+    flags : sequence of str, default ()
+        Extra g++ flags of the library, e.g. ``SANITIZE["asan"]``.
+    source_dir : path, optional
+        Directory of the ``.cu`` files (default: the package's).
+    timeout : float, default 600
+        Seconds before the child is killed (and ``subprocess.TimeoutExpired``
+        raised).
 
     Returns
     -------
     subprocess.CompletedProcess
         With ``returncode``, and ``stdout``/``stderr`` as text.
+
+    Raises
+    ------
+    RuntimeError
+        If the library cannot be built.
+
+    See Also
+    --------
+    lnorm.gpu.host.selftest : What ``python -m lnorm.gpu.host`` runs this way.
+
+    Examples
+    --------
+    >>> try:
+    ...     done = run_in_subprocess("print(6 * 7)")
+    ... except RuntimeError as exc:  # no usable g++ here: nothing built or run
+    ...     print(str(exc).startswith("g++"))
+    ... else:
+    ...     print(done.returncode == 0 and done.stdout == "42\n")
+    True
     """
     build(tuple(flags), source_dir)
     return subprocess.run([sys.executable, "-c", code], env=sanitizer_env(flags),
@@ -306,12 +604,45 @@ def run_in_subprocess(code: str, flags=(), source_dir=None,
 
 def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=(),
              source_dir=None) -> None:
-    """Assert that the CPU-run kernels equal :mod:`lnorm.gpu.emulate` bit for bit.
+    r"""Assert that the CPU-run kernels equal :mod:`lnorm.gpu.emulate` bit for bit.
+
+    Every output of the forward and the backward, at every shape and dtype;
+    prints one line when all are equal.
+
+    Parameters
+    ----------
+    shapes : sequence of (int, int), default ((20, 7), (3, 513))
+        ``(rows, D)`` pairs: a warp-per-row and a block-per-row shape.
+    dtypes : sequence of str, default ("float32", "float16")
+        Storage types.
+    flags : sequence of str, default ()
+        Extra g++ flags (sanitizers: run this in
+        :func:`lnorm.gpu.host.run_in_subprocess`).
+    source_dir : path, optional
+        Directory of the ``.cu`` files (default: the package's).
 
     Raises
     ------
     AssertionError
         On the first output that differs.
+    RuntimeError
+        If the library cannot be built.
+
+    See Also
+    --------
+    lnorm.gpu.host.HostLayerNorm : What is tested.
+
+    Examples
+    --------
+    >>> import contextlib, io
+    >>> try:
+    ...     with contextlib.redirect_stdout(io.StringIO()) as out:
+    ...         selftest(shapes=((4, 8),), dtypes=("float32",))
+    ... except RuntimeError as exc:  # no usable g++ here: nothing built or run
+    ...     print(str(exc).startswith("g++"))
+    ... else:
+    ...     print(out.getvalue().startswith("selftest passed"))
+    True
     """
     from . import emulate
     from .check import forward_backward, make_inputs
@@ -323,14 +654,16 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
             want = forward_backward(emulate.forward, emulate.backward, inp)
             for k, w in want.items():
                 bits = np.dtype(f"uint{8 * w.dtype.itemsize}")
-                np.testing.assert_array_equal(got[k].view(bits), w.view(bits),
-                                              err_msg=f"{k}, rows={rows}, D={D}, {dtype}")
+                np.testing.assert_array_equal(
+                    got[k].view(bits), w.view(bits),
+                    err_msg=f"{k}, rows={rows}, D={D}, {dtype}")
     print(f"selftest passed: {shapes} x {dtypes}, flags {list(flags)}")
 
 
 if __name__ == "__main__":  # python -m lnorm.gpu.host [asan|tsan]
     extra = SANITIZE[sys.argv[1]] if len(sys.argv) > 1 else ()
-    done = run_in_subprocess(f"from lnorm.gpu.host import selftest; selftest(flags={extra!r})",
-                             extra)
+    done = run_in_subprocess(
+        f"from lnorm.gpu.host import selftest; selftest(flags={extra!r})", extra
+    )
     print(done.stdout + done.stderr, end="")
     sys.exit(done.returncode)

@@ -1,8 +1,16 @@
-"""The CUDA sources, their launch plan, and NVRTC compilation to PTX.
+r"""The CUDA sources, their launch plan, and NVRTC compilation to PTX.
 
 Nothing here needs a GPU or a CUDA driver: the sources are text files next to
-this module, the launch plan is arithmetic, and :func:`compile_ptx` calls
-NVRTC through ``cupy.cuda.nvrtc``, which runs on the CPU.
+this module, the launch plan is arithmetic, and
+:func:`lnorm.gpu.kernels.compile_ptx` calls NVRTC through
+``cupy.cuda.nvrtc``, which runs on the CPU. Chapter 6 ("One kernel: fused
+layer norm on the GPU") explains the kernels and their plan.
+
+Examples
+--------
+>>> p = plan(8192, 1024, "float32")
+>>> p.kernel("forward"), p.kernel("backward")
+('ln_fwd_block_f32_v4', 'ln_bwd_block_f32_v4')
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ __all__ = [
     "check_backward_args",
 ]
 
+#: The directory of the ``.cu`` files: this package's own.
 SOURCE_DIR = Path(__file__).resolve().parent
 COMMON_FILE = "layernorm_common.cu"
 #: The kernel files, each compiled as one NVRTC program.
@@ -50,9 +59,11 @@ ARCHS = ("sm_80", "sm_90")
 #: Backward: every row group takes a strip of at least this many rows (the
 #: last strip may be shorter), so the (row_groups, D) float32 partial sums of
 #: dgamma and dbeta (written once, read once) add about 2 * 2 * 4 / 16 = 1 byte
-#: per element to the traffic at most (:attr:`LaunchPlan.partials_bytes`); and
-#: there are at most MAX_ROW_GROUPS row groups.
+#: per element to the traffic at most
+#: (:attr:`lnorm.gpu.kernels.LaunchPlan.partials_bytes`); and there are at
+#: most MAX_ROW_GROUPS row groups.
 MIN_ROWS_PER_GROUP = 16
+#: Backward: the most row groups (warps or blocks) a launch has.
 MAX_ROW_GROUPS = 4096
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
@@ -64,30 +75,80 @@ def _read(name: str) -> str:
 
 
 def constants() -> dict[str, int]:
-    """The ``#define LN_* <int>`` launch constants of ``layernorm_common.cu``.
+    r"""Read the ``#define LN_* <int>`` launch constants of ``layernorm_common.cu``.
+
+    Read from the CUDA source, so the launcher and the emulation use exactly
+    the values the kernels were compiled with.
 
     Returns
     -------
-    dict
-        ``{"LN_ELEMS_PER_THREAD": 16, ...}``: read from the CUDA source, so the
-        launcher and the emulation use exactly the values the kernels were
-        compiled with.
+    dict of str to int
+        ``{"LN_ELEMS_PER_THREAD": 16, ...}``, in the order of the source: row
+        elements per thread, rows per block of the warp-per-row kernels, the
+        largest block, and threads per column of the dgamma/dbeta reduction.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.plan : The launch these constants shape.
+    lnorm.gpu.kernels.max_D : The longest row they allow.
+
+    Examples
+    --------
+    >>> for name, value in constants().items():
+    ...     print(name, value)
+    LN_ELEMS_PER_THREAD 16
+    LN_WARPS_PER_BLOCK 4
+    LN_MAX_ROW_THREADS 512
+    LN_REDUCE_SLICES 8
     """
     return dict(_constants())
 
 
 @functools.cache
 def _constants() -> tuple[tuple[str, int], ...]:
-    # Cached: the launch path asks for these on every call, and the file does not change.
+    # Cached: the launch path asks for these on every call, and the file does
+    # not change.
     found = re.findall(r"^#define\s+(LN_\w+)\s+(\d+)\b", _read(COMMON_FILE), re.M)
     return tuple((name, int(value)) for name, value in found)
 
 
 def source(filename: str) -> str:
-    """The full source of one kernel file, its ``#include`` of the common file inlined.
+    r"""Return the full source of one kernel file, its common header inlined.
 
-    One string is what NVRTC and ``cupy.RawModule`` compile, with no include
-    path, and what the PTX inspection describes.
+    The file's ``#include "layernorm_common.cu"`` is replaced by that file's
+    text. One string is what NVRTC and ``cupy.RawModule`` compile, with no
+    include path, and what the PTX inspection describes.
+
+    Parameters
+    ----------
+    filename : str
+        One of :data:`lnorm.gpu.kernels.KERNEL_FILES`.
+
+    Returns
+    -------
+    str
+        The CUDA C++ source, ready to compile on its own.
+
+    Raises
+    ------
+    ValueError
+        If ``filename`` is not a kernel file, or does not include the common
+        file.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.compile_ptx : Compile this source to PTX.
+    lnorm.gpu.kernels.kernel_params : The kernels it defines.
+
+    Examples
+    --------
+    >>> text = source("layernorm_forward.cu")
+    >>> '#include "layernorm_common.cu"' in text, "#define LN_REDUCE_SLICES" in text
+    (False, True)
+    >>> source("other.cu")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: filename must be one of ('layernorm_forward.cu', ...); got 'other.cu'.
     """
     if filename not in KERNEL_FILES:
         raise ValueError(f"filename must be one of {KERNEL_FILES}; got {filename!r}.")
@@ -99,11 +160,41 @@ def source(filename: str) -> str:
 
 
 def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
-    """Parameter names of every ``extern "C"`` kernel in a file, in order.
+    r"""Read the parameter names of every ``extern "C"`` kernel in a file, in order.
 
-    Kernels are written either directly (``extern "C" __global__ ... name(...)``)
-    or, one per variant, by a macro ``#define M(SUFFIX, ...)`` declaring
-    ``prefix##SUFFIX(...)`` and expanded by ``LN_VARIANTS(M)``; both are read.
+    Kernels are written either directly (``extern "C" __global__ ...
+    name(...)``) or, one per variant, by a macro ``#define M(SUFFIX, ...)``
+    declaring ``prefix##SUFFIX(...)`` and expanded by ``LN_VARIANTS(M)``;
+    both are read.
+
+    Parameters
+    ----------
+    filename : str
+        One of :data:`lnorm.gpu.kernels.KERNEL_FILES`.
+
+    Returns
+    -------
+    dict of str to tuple of str
+        ``{kernel name: argument names}``: the variants of the main kernel
+        first (``ln_fwd_warp_f32_v4``, ...), then any kernel written directly.
+
+    Raises
+    ------
+    ValueError
+        If ``filename`` is not a kernel file (from
+        :func:`lnorm.gpu.kernels.source`).
+
+    See Also
+    --------
+    lnorm.gpu.ptx.inspect_ptx : Names PTX arguments with these.
+
+    Examples
+    --------
+    >>> params = kernel_params("layernorm_backward.cu")
+    >>> len(params), params["ln_bwd_reduce_params"]
+    (9, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
+    ('x', 'gamma', 'beta', 'y')
     """
     text = re.sub(r"\\\n", " ", source(filename))  # join continuation lines
 
@@ -164,7 +255,8 @@ def _compile_text(text: str, filename: str, number: int, output: str) -> bytes:
             nvrtc.compileProgram(program, [target, *COMPILE_OPTIONS])
         except nvrtc.NVRTCError as exc:
             raise RuntimeError(
-                f"NVRTC failed to compile {filename} for sm_{number}:\n{nvrtc.getProgramLog(program)}"
+                f"NVRTC failed to compile {filename} for sm_{number}:\n"
+                f"{nvrtc.getProgramLog(program)}"
             ) from exc
         return nvrtc.getPTX(program) if output == "ptx" else nvrtc.getCUBIN(program)
     finally:
@@ -172,12 +264,16 @@ def _compile_text(text: str, filename: str, number: int, output: str) -> bytes:
 
 
 def compile_ptx(filename: str, arch: str = "sm_90") -> str:
-    """Compile one kernel file to PTX with NVRTC; no GPU or driver needed.
+    r"""Compile one kernel file to PTX with NVRTC; no GPU or driver needed.
+
+    The source is :func:`lnorm.gpu.kernels.source`, the options
+    :data:`lnorm.gpu.kernels.COMPILE_OPTIONS`. Results are cached in the
+    process, keyed by the source text, so a second call is free.
 
     Parameters
     ----------
     filename : str
-        One of :data:`KERNEL_FILES`.
+        One of :data:`lnorm.gpu.kernels.KERNEL_FILES`.
     arch : str, default "sm_90"
         Target, as ``"sm_XY"``; the PTX is generated for ``compute_XY``.
 
@@ -188,56 +284,93 @@ def compile_ptx(filename: str, arch: str = "sm_90") -> str:
 
     Raises
     ------
+    ValueError
+        If ``filename`` is not a kernel file or ``arch`` is not ``"sm_XY"``.
     RuntimeError
         If CuPy's NVRTC binding cannot be loaded, or compilation fails (the
         NVRTC log is in the message).
+
+    See Also
+    --------
+    lnorm.gpu.ptx.inspect_ptx : Read the PTX: loads, stores, shuffles.
+    lnorm.gpu.kernels.compile_binary : The binary a GPU loads.
+
+    Examples
+    --------
+    >>> ptx = compile_ptx("layernorm_forward.cu")
+    >>> ".target sm_90" in ptx, ".visible .entry ln_fwd_block_f16_v8(" in ptx
+    (True, True)
     """
     ptx = _compile(filename, arch, "ptx")
     return ptx.decode() if isinstance(ptx, bytes) else ptx
 
 
 def compile_binary(filename: str, compute_capability: int) -> tuple[bytes, str]:
-    """Compile one kernel file for a device: a cubin if NVRTC knows the device, else PTX.
+    r"""Compile one kernel file for a device: a cubin if NVRTC knows it, else PTX.
 
     This is what :class:`lnorm.gpu.run.FusedLayerNorm` loads: the same source
-    and :data:`COMPILE_OPTIONS` as :func:`compile_ptx`. (Compiling through
+    and :data:`lnorm.gpu.kernels.COMPILE_OPTIONS` as
+    :func:`lnorm.gpu.kernels.compile_ptx`. (Compiling through
     ``cupy.RawModule(code=...)`` instead would append ``-ftz=true``, flushing
-    subnormal numbers to zero, unlike NumPy.)
+    subnormal numbers to zero, unlike NumPy.) NVRTC runs on the CPU: no GPU is
+    needed to compile.
 
     Parameters
     ----------
     filename : str
-        One of :data:`KERNEL_FILES`.
+        One of :data:`lnorm.gpu.kernels.KERNEL_FILES`.
     compute_capability : int
         The device's, e.g. 90 for an H100.
 
     Returns
     -------
-    (bytes, str)
-        The binary and its kind, ``"cubin"`` or ``"ptx"`` (for a device newer
-        than this NVRTC: PTX for the newest architecture NVRTC knows, which
-        the driver compiles on loading).
+    binary : bytes
+        The compiled module.
+    kind : str
+        ``"cubin"``, or ``"ptx"`` for a device newer than this NVRTC: PTX for
+        the newest architecture NVRTC knows, which the driver compiles on
+        loading.
+
+    Raises
+    ------
+    RuntimeError
+        If NVRTC cannot be loaded, knows no architecture up to
+        ``compute_capability``, or fails to compile.
+
+    See Also
+    --------
+    lnorm.gpu.run.FusedLayerNorm : Loads the result on a GPU.
+
+    Examples
+    --------
+    >>> binary, kind = compile_binary("layernorm_forward.cu", 90)
+    >>> kind, binary[:4]
+    ('cubin', b'\x7fELF')
     """
     supported = _nvrtc().getSupportedArchs()
     if compute_capability in supported:
         return _compile(filename, f"sm_{compute_capability}", "cubin"), "cubin"
     older = [a for a in supported if a <= compute_capability]
     if not older:
-        raise RuntimeError(f"NVRTC supports none of the architectures up to sm_{compute_capability}.")
+        raise RuntimeError(
+            f"NVRTC supports none of the architectures up to sm_{compute_capability}."
+        )
     return _compile(filename, f"sm_{max(older)}", "ptx"), "ptx"
 
 
 @dataclass(frozen=True)
 class LaunchPlan:
-    """How the kernels are launched for ``rows`` rows of length ``D``.
+    r"""How the kernels are launched for ``rows`` rows of length ``D``.
 
-    The plan depends on ``(rows, D, dtype)`` only, never on the device: the
-    order of every floating-point sum, hence every bit of the result, is the
-    same on any GPU.
+    Made by :func:`lnorm.gpu.kernels.plan`. The plan depends on
+    ``(rows, D, dtype)`` only, never on the device: the order of every
+    floating-point sum, hence every bit of the result, is the same on any
+    GPU.
 
     Attributes
     ----------
     rows, D : int
+        Rows (the product of the leading axes) and row length.
     dtype : numpy.dtype
         Storage type of ``x``, ``dy``, ``gamma``, ``beta``, ``y``, ``dx``.
     vec : int
@@ -256,6 +389,17 @@ class LaunchPlan:
         consecutive rows each takes; the (row_groups, D) partial-sum buffers.
     backward_grid : int
         Blocks of the backward launch.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.plan : Makes the plan.
+    lnorm.gpu.emulate.row_sum : Sums a row in the order the plan implies.
+
+    Examples
+    --------
+    >>> p = plan(8192, 4096, "float16")
+    >>> p.vec, p.per_block, p.block, p.forward_grid, p.row_groups, p.backward_grid
+    (8, True, 256, 8192, 512, 512)
     """
 
     rows: int
@@ -272,30 +416,111 @@ class LaunchPlan:
 
     @property
     def partials_bytes(self) -> int:
-        """Backward: bytes of the ``(row_groups, D)`` float32 partial sums of dgamma and dbeta.
+        r"""Backward: bytes of the float32 partial sums of dgamma and dbeta.
 
         Two buffers of ``row_groups * D`` float32 values, each written once by
         the backward kernel and read once by the reduction:
         ``2 * 2 * 4 * row_groups * D``.
+
+        Returns
+        -------
+        int
+            Bytes moved through the ``(row_groups, D)`` buffers.
+
+        See Also
+        --------
+        lnorm.gpu.kernels.MIN_ROWS_PER_GROUP : Bounds these bytes per element.
+
+        Examples
+        --------
+        >>> p = plan(8192, 4096, "float16")
+        >>> p.partials_bytes, p.partials_bytes / (p.rows * p.D)
+        (33554432, 1.0)
         """
         return 2 * 2 * 4 * self.row_groups * self.D
 
     @property
     def vecs_per_thread(self) -> int:
-        """Vectors (loads) per thread per tensor: ``LN_ELEMS_PER_THREAD / vec``."""
+        r"""Vectors (loads) per thread per tensor: ``LN_ELEMS_PER_THREAD / vec``.
+
+        Returns
+        -------
+        int
+            How many ``vec``-element loads each thread makes of a row.
+
+        See Also
+        --------
+        lnorm.gpu.kernels.constants : ``LN_ELEMS_PER_THREAD``.
+
+        Examples
+        --------
+        >>> plan(8192, 4096, "float16").vecs_per_thread  # 16 elements, 8 per load
+        2
+        >>> plan(64, 7, "float32").vecs_per_thread  # D not a multiple of 4: scalars
+        16
+        """
         return constants()["LN_ELEMS_PER_THREAD"] // self.vec
 
     def kernel(self, direction: str) -> str:
-        """Name of the forward or backward kernel this plan launches."""
+        r"""Return the name of the forward or backward kernel this plan launches.
+
+        The name is ``ln_{fwd|bwd}_{warp|block}_{f32|f16}_v{vec}``.
+
+        Parameters
+        ----------
+        direction : {"forward", "backward"}
+            Which pass.
+
+        Returns
+        -------
+        str
+            A kernel of :func:`lnorm.gpu.kernels.kernel_params`.
+
+        Raises
+        ------
+        ValueError
+            If ``direction`` is neither ``"forward"`` nor ``"backward"``.
+
+        See Also
+        --------
+        lnorm.gpu.kernels.kernel_params : Every kernel and its arguments.
+
+        Examples
+        --------
+        >>> plan(64, 7, "float32").kernel("backward")
+        'ln_bwd_warp_f32_v1'
+        >>> plan(24, 8192, "float16").kernel("forward")
+        'ln_fwd_block_f16_v8'
+        """
         if direction not in ("forward", "backward"):
-            raise ValueError(f"direction must be 'forward' or 'backward'; got {direction!r}.")
+            raise ValueError(
+                f"direction must be 'forward' or 'backward'; got {direction!r}."
+            )
         kind = "fwd" if direction == "forward" else "bwd"
         mapping = "block" if self.per_block else "warp"
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 
 
 def max_D() -> int:
-    """The longest row the register-resident kernels hold: elements per thread x largest block."""
+    r"""Return the longest row the register-resident kernels hold.
+
+    ``max_D = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: elements per thread
+    times the largest block.
+
+    Returns
+    -------
+    int
+        The largest ``D`` :func:`lnorm.gpu.kernels.plan` accepts.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.constants : The two constants.
+
+    Examples
+    --------
+    >>> max_D()
+    8192
+    """
     c = constants()
     return c["LN_ELEMS_PER_THREAD"] * c["LN_MAX_ROW_THREADS"]
 
@@ -311,19 +536,52 @@ def _check_dtype(dtype, name: str) -> np.dtype:
 
 
 def plan(rows: int, D: int, dtype) -> LaunchPlan:
-    """The launch plan for ``rows`` rows of length ``D`` stored as ``dtype``.
+    r"""Plan the launches for ``rows`` rows of length ``D`` stored as ``dtype``.
 
     Rows of up to ``32 * LN_ELEMS_PER_THREAD`` elements get one warp each
     (``LN_WARPS_PER_BLOCK`` rows per block); longer rows get one block of the
     fewest warps that hold the row at ``LN_ELEMS_PER_THREAD`` elements per
-    thread, up to ``LN_MAX_ROW_THREADS`` threads.
+    thread, up to ``LN_MAX_ROW_THREADS`` threads. The backward gives each row
+    group a strip of ``rows_per_group = max(MIN_ROWS_PER_GROUP,
+    ceil(rows / MAX_ROW_GROUPS))`` consecutive rows.
+
+    Parameters
+    ----------
+    rows : int
+        Number of rows, ``0 <= rows < 2**31``.
+    D : int
+        Row length, ``1 <= D <= max_D()``.
+    dtype : dtype-like
+        Storage type: float32 or float16.
+
+    Returns
+    -------
+    LaunchPlan
+        Grids, blocks, vector width and row groups of both passes.
 
     Raises
     ------
     ValueError
-        ``rows < 0``, ``D < 1``, or ``D`` longer than :func:`max_D`.
+        ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D`` longer than
+        :func:`lnorm.gpu.kernels.max_D`.
     TypeError
         ``dtype`` not float32 or float16.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.LaunchPlan : The fields.
+    lnorm.gpu.kernels.check_forward_args : The plan for given arrays.
+
+    Examples
+    --------
+    >>> p = plan(300, 512, "float32")  # short rows: one warp each
+    >>> p.per_block, p.threads_per_row, p.block, p.forward_grid, p.vec
+    (False, 32, 128, 75, 4)
+    >>> p = plan(300, 513, "float32")  # longer: a block each, scalar loads
+    >>> p.per_block, p.threads_per_row, p.forward_grid, p.vec
+    (True, 64, 300, 1)
+    >>> p.row_groups, p.rows_per_group
+    (19, 16)
     """
     dtype = _check_dtype(dtype, "dtype")
     rows, D = int(rows), int(D)
@@ -331,13 +589,14 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
         raise ValueError(f"rows must be >= 0; got {rows}.")
     if rows >= 2**31:
         raise ValueError(
-            f"rows must be below 2**31 (the kernels take the row count as a 32-bit int); "
-            f"got {rows}. Split the batch into launches of fewer rows."
+            f"rows must be below 2**31 (the kernels take the row count as a 32-bit "
+            f"int); got {rows}. Split the batch into launches of fewer rows."
         )
     if not 1 <= D <= max_D():
         raise ValueError(
-            f"D must be between 1 and {max_D()} for these kernels (the row is held in "
-            f"registers); got D = {D}. Longer rows need a kernel that loops over the row."
+            f"D must be between 1 and {max_D()} for these kernels (the row is held "
+            f"in registers); got D = {D}. Longer rows need a kernel that loops over "
+            "the row."
         )
     c = constants()
     E = c["LN_ELEMS_PER_THREAD"]
@@ -374,7 +633,9 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
 
 def _check_param(p, name: str, D: int, dtype: np.dtype) -> None:
     if tuple(p.shape) != (D,):
-        raise ValueError(f"{name} must have shape (D,) = ({D},) to match x; got {tuple(p.shape)}.")
+        raise ValueError(
+            f"{name} must have shape (D,) = ({D},) to match x; got {tuple(p.shape)}."
+        )
     if np.dtype(p.dtype) != dtype:
         raise TypeError(
             f"{name} must have the dtype of x ({dtype}); got {p.dtype}. "
@@ -383,11 +644,49 @@ def _check_param(p, name: str, D: int, dtype: np.dtype) -> None:
 
 
 def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
-    """Validate forward arguments (NumPy or CuPy arrays) and return the plan.
+    r"""Validate forward arguments (NumPy or CuPy arrays) and return the plan.
 
-    ``x`` has shape ``(..., D)``; ``gamma`` and ``beta`` shape ``(D,)``, all of
-    one dtype, float32 or float16; ``eps`` finite and > 0, as for
-    :func:`lnorm.forward`.
+    Every forward (the kernels, the emulation, the CPU-run CUDA source) calls
+    this first, so all of them accept and refuse the same arguments.
+
+    Parameters
+    ----------
+    x : array, shape (..., D), float32 or float16
+        The input; its leading axes are flattened into rows.
+    gamma, beta : array, shape (D,)
+        Scale and shift, of the dtype of ``x``.
+    eps : float, default 1e-5
+        Finite and > 0, as for :func:`lnorm.forward`, also once rounded to
+        float32.
+
+    Returns
+    -------
+    LaunchPlan
+        :func:`lnorm.gpu.kernels.plan` of ``(prod(x.shape[:-1]), D, x.dtype)``.
+
+    Raises
+    ------
+    ValueError
+        Bad ``eps``, ``x`` of no axes, a shape that does not match, or a shape
+        :func:`lnorm.gpu.kernels.plan` refuses.
+    TypeError
+        A dtype other than float32 or float16, or dtypes that differ.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.check_backward_args : The same for the backward.
+
+    Examples
+    --------
+    >>> x = np.zeros((2, 3, 8), np.float32)
+    >>> p = check_forward_args(x, np.ones(8, np.float32), np.zeros(8, np.float32))
+    >>> p.rows, p.D
+    (6, 8)
+    >>> x64 = np.zeros((2, 8))
+    >>> check_forward_args(x64, x64[0], x64[0])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: x must be float32 or float16 for the GPU kernels; got float64. ...
     """
     check_eps(eps)
     if not np.isfinite(np.float32(eps)) or np.float32(eps) <= 0:
@@ -406,11 +705,33 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
 
 
 def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd) -> LaunchPlan:
-    """Validate backward arguments and return the plan.
+    r"""Validate backward arguments and return the plan.
 
-    ``dy`` and ``x`` of one shape ``(..., D)`` and dtype; ``gamma`` ``(D,)`` of
-    that dtype; ``mean_hi``, ``mean_lo`` and ``rstd`` float32 of shape
-    ``x.shape[:-1]`` (as the forward returns them).
+    Parameters
+    ----------
+    dy, x : array, shape (..., D), float32 or float16
+        The upstream gradient and the forward's input, of one shape and dtype.
+    gamma : array, shape (D,)
+        The scale, of the dtype of ``x``.
+    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
+        The row statistics, as the forward returns them.
+
+    Returns
+    -------
+    LaunchPlan
+        The plan of ``x`` (as :func:`lnorm.gpu.kernels.check_forward_args`).
+
+    Raises
+    ------
+    ValueError
+        A shape that does not match, or one :func:`lnorm.gpu.kernels.plan`
+        refuses.
+    TypeError
+        A dtype that does not match, or statistics not float32.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.check_forward_args : The same for the forward.
 
     Examples
     --------
@@ -418,18 +739,27 @@ def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd) -> LaunchPlan:
     >>> s = np.zeros(3, np.float32)
     >>> check_backward_args(x, x, np.ones(8, np.float32), s, s, s).rows
     3
+    >>> check_backward_args(x, x, np.ones(8, np.float32), s, s, s[:2])
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: rstd must have shape x.shape[:-1] = (3,), ...; got (2,).
     """
     p = check_forward_args(x, gamma, gamma)
     if tuple(dy.shape) != tuple(x.shape):
-        raise ValueError(f"dy must have the shape of x, {tuple(x.shape)}; got {tuple(dy.shape)}.")
+        raise ValueError(
+            f"dy must have the shape of x, {tuple(x.shape)}; got {tuple(dy.shape)}."
+        )
     if np.dtype(dy.dtype) != p.dtype:
         raise TypeError(f"dy must have the dtype of x ({p.dtype}); got {dy.dtype}.")
     for name, s in (("mean_hi", mean_hi), ("mean_lo", mean_lo), ("rstd", rstd)):
         if tuple(s.shape) != tuple(x.shape[:-1]):
             raise ValueError(
-                f"{name} must have shape x.shape[:-1] = {tuple(x.shape[:-1])}, as the forward "
-                f"returns it; got {tuple(s.shape)}."
+                f"{name} must have shape x.shape[:-1] = {tuple(x.shape[:-1])}, as the "
+                f"forward returns it; got {tuple(s.shape)}."
             )
         if np.dtype(s.dtype) != np.float32:
-            raise TypeError(f"{name} must be float32, as the forward returns it; got {s.dtype}.")
+            raise TypeError(
+                f"{name} must be float32, as the forward returns it; got {s.dtype}."
+            )
     return p

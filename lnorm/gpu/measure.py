@@ -1,13 +1,15 @@
-"""``python -m lnorm.gpu.measure``: check and time the kernels on a GPU, in one run.
+r"""``python -m lnorm.gpu.measure``: check and time the kernels on a GPU, in one run.
 
 On a machine with a CUDA device it
 
 1. checks the kernels against :mod:`lnorm.gpu.emulate` bit for bit at every
    shape of :data:`lnorm.gpu.check.SHAPES`, float32 and float16;
 2. measures the error against float64 as the row offset grows
-   (:func:`offset_sweep`), the accuracy claim of the corrected mean;
+   (:func:`lnorm.gpu.measure.offset_sweep`), the accuracy claim of the
+   corrected mean;
 3. times the copy yardstick and every rung (the op-by-op CuPy version ``v1``
-   and the fused kernels ``v4``) at :data:`SHAPES`, each time the median of
+   and the fused kernels ``v4``) at :data:`lnorm.gpu.measure.SHAPES`, each
+   time the median of
    CUDA-event timings after warm-up, with L2 flushed before every timed call
    for problems under 200 MB;
 
@@ -20,7 +22,14 @@ used, so the command and its output format are tested on any machine.
 Other modes, for the device tools: ``--launch-only`` launches every kernel
 once at awkward shapes (the program ``compute-sanitizer`` watches) and
 ``--profile ROWS D DTYPE`` runs the fused backward a few times at one shape
-(the program ``ncu`` profiles).
+(the program ``ncu`` profiles). Chapter 6 ("One kernel: fused layer norm on
+the GPU") reads the JSON a GPU run wrote.
+
+Examples
+--------
+>>> run = dry_run("no GPU here")
+>>> run["gpu"], len(run["launches"]) == len(SHAPES) * len(DTYPES)
+(False, True)
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ from . import check, emulate
 from .kernels import KERNEL_FILES, plan, source
 
 __all__ = [
-    "SHAPES", "DTYPES", "L2_FLUSH_BELOW", "source_digest", "plan_launches", "dry_run",
-    "measure", "main",
+    "SHAPES", "DTYPES", "L2_FLUSH_BELOW", "COPY_BYTES", "source_digest",
+    "plan_launches", "dry_run", "copy_yardstick", "bit_checks", "offset_sweep",
+    "time_rungs", "large_rows_check", "launch_only", "measure", "main",
 ]
 
 #: The timed shapes: 8192 rows of the widths of common transformers.
 SHAPES = tuple((8192, D) for D in (768, 1024, 4096, 8192, 12288))
+#: The storage types every shape is timed and checked in.
 DTYPES = ("float32", "float16")
 #: Problems smaller than this (bytes the op moves) are timed with L2 flushed.
 L2_FLUSH_BELOW = 200 * 2**20
@@ -56,11 +67,21 @@ COPY_BYTES = 2**30
 def _bytes(direction: str, rows: int, D: int, dtype) -> int:
     """Bytes the op must move: the fused schedule of :func:`lnorm.cost.traffic`."""
     itemsize = np.dtype(dtype).itemsize
-    return traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize, saved="x_mean_rstd").bytes
+    return traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
+                   saved="x_mean_rstd").bytes
 
 
 def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
-    """The launch of every timed shape, or why the fused kernels cannot take it.
+    r"""Plan the launch of every timed shape, or say why the kernels cannot take it.
+
+    Needs no GPU: this is what a dry run writes.
+
+    Parameters
+    ----------
+    shapes : sequence of (int, int), default SHAPES
+        ``(rows, D)`` pairs.
+    dtypes : sequence of str, default DTYPES
+        Storage types, e.g. ``"float32"``.
 
     Returns
     -------
@@ -70,6 +91,20 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
         ``kernel_backward``, ``block``, grids, ``row_groups``,
         ``rows_per_group``, ``partials_bytes``) or ``unsupported`` (the
         message of :func:`lnorm.gpu.kernels.plan`).
+
+    See Also
+    --------
+    lnorm.gpu.kernels.plan : One plan.
+    lnorm.gpu.measure.dry_run : Writes these without a GPU.
+
+    Examples
+    --------
+    >>> for e in plan_launches(shapes=((8192, 768),)):
+    ...     print(e["dtype"], e["kernel_forward"], e["block"], e["bytes_forward"])
+    float32 ln_fwd_block_f32_v4 64 50403328
+    float16 ln_fwd_block_f16_v8 64 25234432
+    >>> plan_launches(((8, 16384),), ("float32",))[0]["unsupported"][:40]
+    'D must be between 1 and 8192 for these k'
     """
     out = []
     for rows, D in shapes:
@@ -82,16 +117,35 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
             except ValueError as exc:
                 entry["unsupported"] = str(exc)
             else:
-                entry.update(kernel_forward=p.kernel("forward"), kernel_backward=p.kernel("backward"),
+                entry.update(kernel_forward=p.kernel("forward"),
+                             kernel_backward=p.kernel("backward"),
                              block=p.block, forward_grid=p.forward_grid,
                              backward_grid=p.backward_grid, row_groups=p.row_groups,
-                             rows_per_group=p.rows_per_group, partials_bytes=p.partials_bytes)
+                             rows_per_group=p.rows_per_group,
+                             partials_bytes=p.partials_bytes)
             out.append(entry)
     return out
 
 
 def source_digest() -> str:
-    """SHA-256 of the kernel sources as compiled: which kernels a measurement timed."""
+    r"""Hash the kernel sources as compiled: which kernels a measurement timed.
+
+    Returns
+    -------
+    str
+        The SHA-256 hex digest of :func:`lnorm.gpu.kernels.source` of every
+        file of :data:`lnorm.gpu.kernels.KERNEL_FILES`, in order.
+
+    See Also
+    --------
+    lnorm.gpu.measure.dry_run : Records it with the plans.
+
+    Examples
+    --------
+    >>> digest = source_digest()
+    >>> len(digest), digest == source_digest()
+    (64, True)
+    """
     h = hashlib.sha256()
     for filename in KERNEL_FILES:
         h.update(source(filename).encode())
@@ -109,7 +163,31 @@ def _header() -> dict:
 
 
 def dry_run(reason: str) -> dict:
-    """What a run would do, without a GPU: the plans of every timed launch."""
+    r"""Describe what a run would do, without a GPU: the plans of every timed launch.
+
+    Parameters
+    ----------
+    reason : str
+        Why no GPU was used (from :func:`lnorm.gpu.run.available`).
+
+    Returns
+    -------
+    dict
+        The date, :func:`lnorm.gpu.measure.source_digest`, the Python and
+        NumPy versions, the host, ``gpu: False``, ``reason`` and ``launches``
+        (:func:`lnorm.gpu.measure.plan_launches`): what ``main`` writes as
+        JSON on a machine without a GPU.
+
+    See Also
+    --------
+    lnorm.gpu.measure.measure : The run with a GPU.
+
+    Examples
+    --------
+    >>> run = dry_run("no GPU here")
+    >>> run["gpu"], run["reason"], len(run["launches"])
+    (False, 'no GPU here', 10)
+    """
     return {**_header(), "gpu": False, "reason": reason, "launches": plan_launches()}
 
 
@@ -118,7 +196,8 @@ def _versions(cp) -> dict:
     rt = cp.cuda.runtime
     dev = cp.cuda.Device()
     props = rt.getDeviceProperties(dev.id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name = (props["name"].decode() if isinstance(props["name"], bytes)
+            else str(props["name"]))
     return {
         "device": name,
         "compute_capability": dev.compute_capability,
@@ -137,7 +216,8 @@ class _Timer:
     def __init__(self, cp, repeat: int):
         self.cp = cp
         self.repeat = repeat
-        self.scratch = cp.empty(256 * 2**20, dtype=cp.uint8)  # > the L2 of any GPU today
+        # > the L2 of any GPU today
+        self.scratch = cp.empty(256 * 2**20, dtype=cp.uint8)
 
     def __call__(self, fn, *args, flush: bool) -> dict:
         cp = self.cp
@@ -154,11 +234,40 @@ class _Timer:
             stop.synchronize()
             times.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
         return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
-                "max_s": float(np.max(times)), "repeat": self.repeat, "l2_flushed": flush}
+                "max_s": float(np.max(times)), "repeat": self.repeat,
+                "l2_flushed": flush}
 
 
 def copy_yardstick(cp, timer: _Timer) -> dict:
-    """A 1 GiB device-to-device copy: the bandwidth an op that reads and writes can reach."""
+    r"""Time a 1 GiB device-to-device copy: the bandwidth a read-and-write op can reach.
+
+    Needs a GPU. ``cudaMemcpyAsync`` of :data:`lnorm.gpu.measure.COPY_BYTES`
+    bytes, timed without flushing L2 (the copy is far larger than any L2);
+    the bytes counted are those read plus those written.
+
+    Parameters
+    ----------
+    cp : module
+        CuPy.
+    timer : callable
+        The run's timer: median of CUDA-event timings after warm-up.
+
+    Returns
+    -------
+    dict
+        ``bytes`` (``2 * COPY_BYTES``), the timer's ``median_s``, ``min_s``,
+        ``max_s``, ``repeat``, ``l2_flushed``, and ``bandwidth``
+        (``bytes / median_s``).
+
+    See Also
+    --------
+    lnorm.gpu.model.Device : Its ``bandwidth`` is this yardstick.
+
+    Examples
+    --------
+    >>> 2 * COPY_BYTES / 2**30  # GiB counted per copy: read once, written once
+    2.0
+    """
     src = cp.ones(COPY_BYTES, dtype=cp.uint8)
     dst = cp.empty_like(src)
 
@@ -168,19 +277,49 @@ def copy_yardstick(cp, timer: _Timer) -> dict:
                                     cp.cuda.get_current_stream().ptr)
 
     t = timer(copy, flush=False)
-    del src, dst
     return {"bytes": 2 * COPY_BYTES, **t, "bandwidth": 2 * COPY_BYTES / t["median_s"]}
 
 
 def bit_checks(fused) -> list[dict]:
-    """Kernels against the emulation at every checked shape: are the bits equal?"""
+    r"""Compare the kernels with the emulation at every checked shape, bit for bit.
+
+    Needs a GPU. The shapes are ``(64, 1)``, ``(3, 2)`` and
+    :data:`lnorm.gpu.check.SHAPES`, each in every one of
+    :data:`lnorm.gpu.measure.DTYPES`; each output of the forward and the
+    backward is compared byte by byte with :mod:`lnorm.gpu.emulate`.
+
+    Parameters
+    ----------
+    fused : lnorm.gpu.run.FusedLayerNorm
+        The kernels.
+
+    Returns
+    -------
+    list of dict
+        Per shape and dtype: ``rows``, ``D``, ``dtype``, ``bytes_differing``
+        (per output) and ``equal``.
+
+    See Also
+    --------
+    lnorm.gpu.check.forward_backward : Runs each side.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import check
+    >>> len(((64, 1), (3, 2), *check.SHAPES)) * len(DTYPES)  # comparisons
+    18
+    >>> from lnorm.gpu.run import FusedLayerNorm, available
+    >>> if available()[0]:  # a GPU: every bit equal
+    ...     assert all(c["equal"] for c in bit_checks(FusedLayerNorm()))
+    """
     out = []
     for rows, D in ((64, 1), (3, 2), *check.SHAPES):
         for dtype in DTYPES:
             inp = check.make_inputs(rows, D, dtype, seed=rows + D)
             got = check.forward_backward(fused.forward, fused.backward, inp)
             want = check.forward_backward(emulate.forward, emulate.backward, inp)
-            diff = {k: int(np.sum(got[k].view(np.uint8) != want[k].view(np.uint8))) for k in want}
+            diff = {k: int(np.sum(got[k].view(np.uint8) != want[k].view(np.uint8)))
+                    for k in want}
             out.append({"rows": rows, "D": D, "dtype": dtype, "bytes_differing": diff,
                         "equal": all(v == 0 for v in diff.values())})
     return out
@@ -188,12 +327,42 @@ def bit_checks(fused) -> list[dict]:
 
 def offset_sweep(run, D: int = 1024, rows: int = 64,
                  offsets=(0.0, 1e2, 1e3, 1e4, 1e5, 1e6)) -> list[dict]:
-    """Errors of ``y``, ``dx``, ``dgamma``, ``dbeta`` against float64, rows shifted by an offset.
+    r"""Measure the errors against float64 as the rows are shifted by an offset.
 
     ``x`` has standard-normal rows plus ``offset`` (so the offset is in units
     of the row's standard deviation), ``dy`` is standard normal, float32.
-    ``run`` is ``(forward, backward)``; the errors are those of
-    :func:`lnorm.gpu.check.relative_errors`.
+    The errors of ``y``, ``dx``, ``dgamma``, ``dbeta`` are those of
+    :func:`lnorm.gpu.check.relative_errors`. Runs on any implementation, the
+    NumPy emulation included.
+
+    Parameters
+    ----------
+    run : (callable, callable)
+        ``(forward, backward)``, as for
+        :func:`lnorm.gpu.check.forward_backward`.
+    D : int, default 1024
+        Row length.
+    rows : int, default 64
+        Number of rows.
+    offsets : sequence of float, default (0.0, 1e2, 1e3, 1e4, 1e5, 1e6)
+        The shifts.
+
+    Returns
+    -------
+    list of dict
+        Per offset: ``offset`` and the four relative errors.
+
+    See Also
+    --------
+    lnorm.gpu.check.offset_errors : The same for ``y`` and ``dx``, other scales.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import emulate
+    >>> sweep = offset_sweep((emulate.forward, emulate.backward), D=64, rows=4,
+    ...                      offsets=(0.0, 1e4))
+    >>> [s["offset"] for s in sweep], all(s["y"] < 1e-6 for s in sweep)
+    ([0.0, 10000.0], True)
     """
     forward, backward = run
     rng = np.random.default_rng(0)
@@ -203,15 +372,55 @@ def offset_sweep(run, D: int = 1024, rows: int = 64,
     beta = (0.1 * rng.standard_normal(D)).astype(np.float32)
     out = []
     for offset in offsets:
-        inp = {"x": (base + offset).astype(np.float32), "gamma": gamma, "beta": beta, "dy": dy}
+        inp = {"x": (base + offset).astype(np.float32), "gamma": gamma, "beta": beta,
+               "dy": dy}
         got = check.forward_backward(forward, backward, inp)
-        out.append({"offset": offset, **check.relative_errors(got, check.reference(inp))})
+        out.append({"offset": offset,
+                    **check.relative_errors(got, check.reference(inp))})
     return out
 
 
 def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
                rungs=("v1", "v4")) -> list[dict]:
-    """Every rung at every shape: seconds, GB/s of the bytes the op must move."""
+    r"""Time every rung at every shape: seconds, and bandwidth of the bytes moved.
+
+    Needs a GPU. For each entry of :func:`lnorm.gpu.measure.plan_launches`,
+    the forward and the backward of each rung (``"v1"``: the op-by-op CuPy
+    version; ``"v4"``: the fused kernels, where the plan takes the shape),
+    each with L2 flushed before every call when the op moves fewer than
+    :data:`lnorm.gpu.measure.L2_FLUSH_BELOW` bytes.
+
+    Parameters
+    ----------
+    cp : module
+        CuPy.
+    fused : lnorm.gpu.run.FusedLayerNorm
+        The kernels.
+    timer : callable
+        The run's timer: median of CUDA-event timings after warm-up.
+    shapes : sequence of (int, int), default SHAPES
+        ``(rows, D)`` pairs.
+    dtypes : sequence of str, default DTYPES
+        Storage types.
+    rungs : tuple of str, default ("v1", "v4")
+        Which versions to time.
+
+    Returns
+    -------
+    list of dict
+        Per rung, direction, shape and dtype: ``bytes``, the timer's fields
+        and ``bandwidth`` (``bytes / median_s``).
+
+    See Also
+    --------
+    lnorm.gpu.run.benchmark : One shape, with ``cuda_time``.
+
+    Examples
+    --------
+    >>> e = plan_launches(((8192, 768),), ("float32",))[0]
+    >>> e["kernel_forward"], e["bytes_forward"] < L2_FLUSH_BELOW  # L2 flushed
+    ('ln_fwd_block_f32_v4', True)
+    """
     from .run import unfused_backward, unfused_forward
 
     out = []
@@ -227,7 +436,8 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
                 continue
             y, hi, lo, rstd = fwd(*args_f)
             args_b = (inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
-            for direction, fn, args in (("forward", fwd, args_f), ("backward", bwd, args_b)):
+            for direction, fn, args in (("forward", fwd, args_f),
+                                        ("backward", bwd, args_b)):
                 nbytes = entry[f"bytes_{direction}"]
                 t = timer(fn, *args, flush=nbytes < L2_FLUSH_BELOW)
                 out.append({"rung": rung, "direction": direction, "rows": rows, "D": D,
@@ -240,11 +450,41 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
 
 
 def large_rows_check(cp, fused, rows: int = 524_800, D: int = 4096) -> dict:
-    """More than 2**31 elements (float16): 64-bit offsets, checked on sampled rows.
+    r"""Check more than 2**31 elements (float16): 64-bit offsets, on sampled rows.
 
-    ``y`` and ``dx`` of the first and last 32 rows are compared bit for bit
-    with the emulation (each row depends on itself alone); ``dbeta`` with a
-    float64 sum of ``dy`` over all rows.
+    Needs a GPU with tens of GB of memory (``x``, ``dy``, ``y`` and ``dx``
+    hold over 2**31 float16 elements each). ``y`` and ``dx`` of the first and
+    last 32 rows are compared bit for bit with the emulation (each row
+    depends on itself alone); ``dbeta`` with a float64 sum of ``dy`` over all
+    rows.
+
+    Parameters
+    ----------
+    cp : module
+        CuPy.
+    fused : lnorm.gpu.run.FusedLayerNorm
+        The kernels.
+    rows : int, default 524800
+        Number of rows.
+    D : int, default 4096
+        Row length.
+
+    Returns
+    -------
+    dict
+        ``rows``, ``D``, ``elements``, ``dtype``, ``y_sampled_rows_equal``,
+        ``dx_sampled_rows_equal`` and ``dbeta_relative_error``.
+
+    See Also
+    --------
+    lnorm.gpu.measure.bit_checks : Every element, at smaller shapes.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.kernels import plan
+    >>> rows, D = 524_800, 4096
+    >>> rows * D > 2**31, plan(rows, D, "float16").kernel("forward")
+    (True, 'ln_fwd_block_f16_v8')
     """
     rng = cp.random.default_rng(1)
     x = rng.standard_normal((rows, D), dtype=cp.float32).astype(cp.float16)
@@ -262,15 +502,45 @@ def large_rows_check(cp, fused, rows: int = 524_800, D: int = 4096) -> dict:
         dbeta64 += dy[start:start + 65536].astype(cp.float64).sum(axis=0)
     dbeta_err = float(cp.max(cp.abs(dbeta - dbeta64)) / cp.max(cp.abs(dbeta64)))
     return {"rows": rows, "D": D, "elements": rows * D, "dtype": "float16",
-            "y_sampled_rows_equal": bool(np.array_equal(y[sample].get().view(np.uint16),
-                                                        ey.view(np.uint16))),
-            "dx_sampled_rows_equal": bool(np.array_equal(dx[sample].get().view(np.uint16),
-                                                         edx.view(np.uint16))),
+            "y_sampled_rows_equal": bool(np.array_equal(
+                y[sample].get().view(np.uint16), ey.view(np.uint16))),
+            "dx_sampled_rows_equal": bool(np.array_equal(
+                dx[sample].get().view(np.uint16), edx.view(np.uint16))),
             "dbeta_relative_error": dbeta_err}
 
 
 def launch_only(fused) -> int:
-    """Launch every kernel once at awkward shapes (for ``compute-sanitizer``)."""
+    r"""Launch every kernel once at awkward shapes (for ``compute-sanitizer``).
+
+    Needs a GPU. Forward and backward at no rows, one element, rows shorter
+    than a vector, and :data:`lnorm.gpu.check.SHAPES`, in every dtype of
+    :data:`lnorm.gpu.measure.DTYPES`; nothing is compared: the sanitizer
+    watches the memory accesses.
+
+    Parameters
+    ----------
+    fused : lnorm.gpu.run.FusedLayerNorm
+        The kernels.
+
+    Returns
+    -------
+    int
+        Forward-backward pairs launched.
+
+    See Also
+    --------
+    lnorm.gpu.measure.main : ``--launch-only`` runs this.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import check
+    >>> from lnorm.gpu.run import FusedLayerNorm, available
+    >>> n = len(((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES)) * len(DTYPES)
+    >>> n
+    22
+    >>> if available()[0]:  # a GPU: that many pairs launched
+    ...     assert launch_only(FusedLayerNorm()) == n
+    """
     import cupy as cp
 
     n = 0
@@ -284,7 +554,51 @@ def launch_only(fused) -> int:
 
 
 def measure(*, repeat: int = 20, quick: bool = False, large: bool = True) -> dict:
-    """The whole GPU run: versions, bit checks, offset sweep, copy yardstick, rung timings."""
+    r"""Run everything on the GPU: versions, bit checks, offset sweep, copy, timings.
+
+    Needs a GPU: the first thing it does is build
+    :class:`lnorm.gpu.run.FusedLayerNorm`, which refuses without one.
+
+    Parameters
+    ----------
+    repeat : int, default 20
+        Timed calls per measurement (the median is kept).
+    quick : bool, default False
+        Time only the first two of :data:`lnorm.gpu.measure.SHAPES`, and skip
+        the large-row check.
+    large : bool, default True
+        Run :func:`lnorm.gpu.measure.large_rows_check`.
+
+    Returns
+    -------
+    dict
+        The header of :func:`lnorm.gpu.measure.dry_run` with ``gpu: True``,
+        the device and versions, ``launches``, ``bit_checks``,
+        ``offset_sweep`` (for ``v4``, the emulation and ``v1``), ``copy``,
+        ``timings`` (each with its ``copy_share``), and ``large_rows``.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no usable CUDA device.
+
+    See Also
+    --------
+    lnorm.gpu.measure.main : The command line around it.
+
+    Examples
+    --------
+    >>> [D for _, D in SHAPES[:2]]  # what quick=True times
+    [768, 1024]
+    >>> from lnorm.gpu.run import available
+    >>> if not available()[0]:  # no GPU: refused before anything runs
+    ...     try:
+    ...         measure(quick=True)
+    ...     except (ImportError, RuntimeError) as exc:
+    ...         assert "CuPy" in str(exc) or "CUDA device" in str(exc)
+    ...     else:
+    ...         raise AssertionError("measure() ran without a GPU")
+    """
     import cupy as cp
 
     from .run import FusedLayerNorm, unfused_backward, unfused_forward
@@ -292,7 +606,8 @@ def measure(*, repeat: int = 20, quick: bool = False, large: bool = True) -> dic
     fused = FusedLayerNorm()
     timer = _Timer(cp, repeat)
     shapes = SHAPES[:2] if quick else SHAPES
-    result = {**_header(), "gpu": True, **_versions(cp), "launches": plan_launches(shapes)}
+    result = {**_header(), "gpu": True, **_versions(cp),
+              "launches": plan_launches(shapes)}
     result["bit_checks"] = bit_checks(fused)
     result["offset_sweep"] = {
         "v4": offset_sweep((fused.forward, fused.backward)),
@@ -309,9 +624,51 @@ def measure(*, repeat: int = 20, quick: bool = False, large: bool = True) -> dic
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lnorm.gpu.measure", description=__doc__.split("\n")[0])
+    r"""Run the command line ``python -m lnorm.gpu.measure``.
+
+    With a GPU: the whole run (:func:`lnorm.gpu.measure.measure`) written as
+    JSON to ``--out``, or ``--launch-only``, or ``--profile ROWS D DTYPE``.
+    Without one: a dry run (:func:`lnorm.gpu.measure.dry_run`) written to
+    ``--out``; ``--launch-only`` and ``--profile`` exit with status 2.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        The arguments; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        The exit status: 0, or 2 for a GPU-only mode on a machine without a
+        GPU.
+
+    See Also
+    --------
+    lnorm.gpu.run.available : Which of the two runs is made.
+
+    Examples
+    --------
+    >>> try:
+    ...     main(["--help"])
+    ... except SystemExit as exc:
+    ...     print(exc.code)  # doctest: +ELLIPSIS
+    usage: python -m lnorm.gpu.measure [-h]...
+    0
+    >>> import contextlib, io, json, tempfile
+    >>> from pathlib import Path
+    >>> from lnorm.gpu.run import available
+    >>> if not available()[0]:  # no GPU: a dry run, written as JSON
+    ...     with tempfile.TemporaryDirectory() as tmp:
+    ...         with contextlib.redirect_stdout(io.StringIO()):
+    ...             status = main(["--out", f"{tmp}/m.json"])
+    ...         result = json.loads(Path(tmp, "m.json").read_text())
+    ...     assert status == 0 and result["gpu"] is False
+    """
+    parser = argparse.ArgumentParser(prog="python -m lnorm.gpu.measure",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu-measurements.json"))
-    parser.add_argument("--quick", action="store_true", help="two shapes, no large-row run")
+    parser.add_argument("--quick", action="store_true",
+                        help="two shapes, no large-row run")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--launch-only", action="store_true")
     parser.add_argument("--profile", nargs=3, metavar=("ROWS", "D", "DTYPE"))
@@ -342,7 +699,8 @@ def main(argv=None) -> int:
     else:
         result = measure(repeat=args.repeat, quick=args.quick)
     args.out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {args.out} ({'GPU: ' + result['device'] if result['gpu'] else 'dry run: ' + reason})")
+    print(f"wrote {args.out} "
+          f"({'GPU: ' + result['device'] if result['gpu'] else 'dry run: ' + reason})")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""A time model of the fused kernels: bytes, and the latency each row exposes.
+r"""A time model of the fused kernels: bytes, and the latency each row exposes.
 
 A memory-bound kernel runs at the bandwidth of DRAM only if enough bytes are
 *in flight*. Little's law says how many: bytes in flight = bandwidth x
@@ -6,11 +6,9 @@ latency, about 3.0 TB/s x 0.8 us = 2.4 MB on an H100, some 18 KB per SM. The
 kernels here work row by row. A row group (a warp or a block) issues the loads
 of its row, waits for them, reduces (shuffles and barriers), writes, and only
 then starts the next row: per row it exposes the latency once. So one step
-of a row group costs
+of a row group costs::
 
-.. math::
-
-    t_\\text{row} = \\frac{C\\, b_\\text{row}}{B} + L
+    t_row = C * b_row / B + L
 
 where ``C`` groups run at once on the whole GPU (limited by registers,
 threads and the grid), ``b_row`` is the bytes one row moves, ``B`` the copy
@@ -22,7 +20,15 @@ loads in flight (prefetch, ``rows_in_flight=2``) would hide.
 
 Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
 chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
-real H100 measured, and chapter 6 sets the two side by side.
+real H100 measured, and chapter 6 ("One kernel: fused layer norm on the GPU")
+sets the two side by side. The bytes are those of the cost chapter
+(:func:`lnorm.cost.traffic`, the fused schedule).
+
+Examples
+--------
+>>> fwd = predict("forward", 8192, 4096, "float16")
+>>> fwd.steps, fwd.time > fwd.bytes / H100.bandwidth
+(11, True)
 """
 
 from __future__ import annotations
@@ -35,12 +41,48 @@ import numpy as np
 from ..cost import traffic
 from .kernels import plan
 
-__all__ = ["H100", "Device", "Prediction", "predict", "occupancy"]
+__all__ = ["H100", "REGISTERS", "Device", "Prediction", "predict", "occupancy"]
 
 
 @dataclass(frozen=True)
 class Device:
-    """What the model needs of a GPU."""
+    r"""Describe what the model needs of a GPU.
+
+    Attributes
+    ----------
+    name : str
+        A label.
+    sm_count : int
+        Streaming multiprocessors.
+    bandwidth : float
+        Bytes per second a device-to-device copy reaches (read plus write).
+    latency : float
+        Seconds of DRAM latency, exposed once per row step.
+    block_reduction : float
+        Seconds of one row sum over a block (shuffles, two barriers).
+    warp_reduction : float
+        Seconds of one row sum over a warp (five shuffles).
+    registers_per_sm : int, default 65536
+        The register file of one SM.
+    max_threads_per_sm : int, default 2048
+        Resident threads per SM at most.
+    max_blocks_per_sm : int, default 32
+        Resident blocks per SM at most.
+    launch_overhead : float, default 2e-6
+        Seconds per kernel launch, back to back.
+
+    See Also
+    --------
+    lnorm.gpu.model.H100 : The device the model is set for.
+    lnorm.gpu.run.DeviceInfo : What a real device reports.
+
+    Examples
+    --------
+    >>> from dataclasses import replace
+    >>> half = replace(H100, name="half an H100", sm_count=66)
+    >>> half.sm_count, half.registers_per_sm
+    (66, 65536)
+    """
 
     name: str
     sm_count: int
@@ -66,9 +108,37 @@ REGISTERS = {"fwd": 40, "bwd": 112}
 
 
 def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> int:
-    """Blocks of ``threads_per_block`` threads that fit on one SM at once.
+    r"""Count the blocks of ``threads_per_block`` threads that fit on one SM at once.
 
-    Registers are allocated per warp in units of 256 (CUDA occupancy rules).
+    Registers are allocated per warp in units of 256 (CUDA occupancy rules);
+    the answer is the least of what the registers, the threads and the block
+    limit allow.
+
+    Parameters
+    ----------
+    threads_per_block : int
+        Block size.
+    registers : int
+        Registers per thread (as ``ptxas -v`` reports them).
+    device : Device, default H100
+        The SM's limits.
+
+    Returns
+    -------
+    int
+        Resident blocks per SM (0 if one block does not fit).
+
+    See Also
+    --------
+    lnorm.gpu.model.REGISTERS : The kernels' registers per thread.
+    lnorm.gpu.ptx.ptxas_usage : Where those numbers come from.
+
+    Examples
+    --------
+    >>> occupancy(256, REGISTERS["fwd"]), occupancy(256, REGISTERS["bwd"])
+    (6, 2)
+    >>> occupancy(1024, 255)  # 1024 x 256 registers: more than the SM has
+    0
     """
     warps = math.ceil(threads_per_block / 32)
     regs_per_warp = math.ceil(registers * 32 / 256) * 256
@@ -79,7 +149,41 @@ def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> 
 
 @dataclass(frozen=True)
 class Prediction:
-    """The model's time for one kernel (and the second stage, for the backward)."""
+    r"""Hold the model's time for one pass at one shape.
+
+    For the backward the time includes the second stage, the reduction of the
+    dgamma/dbeta partial sums. Made by :func:`lnorm.gpu.model.predict`.
+
+    Attributes
+    ----------
+    direction : str
+        ``"forward"`` or ``"backward"``.
+    rows, D : int
+        The shape.
+    dtype : str
+        ``"float32"`` or ``"float16"``.
+    bytes : int
+        What the op must move (:func:`lnorm.cost.traffic`, fused schedule).
+    bytes_moved : int
+        What the kernels move: ``bytes`` plus the dgamma/dbeta partial sums.
+    concurrent_groups : int
+        Row groups running at once on the whole GPU, ``C``.
+    steps : int
+        Row steps of one group, ``ceil(groups / C) * rows_per_group``.
+    time : float
+        Predicted seconds.
+
+    See Also
+    --------
+    lnorm.gpu.model.predict : Makes one.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.kernels import plan
+    >>> bwd = predict("backward", 8192, 4096, "float16")
+    >>> bwd.bytes_moved - bwd.bytes == plan(8192, 4096, "float16").partials_bytes
+    True
+    """
 
     direction: str
     rows: int
@@ -93,26 +197,71 @@ class Prediction:
 
     @property
     def bandwidth(self) -> float:
-        """Bytes the op must move, per second."""
+        r"""Return the bytes the op must move, per second: ``bytes / time``.
+
+        Returns
+        -------
+        float
+            The effective bandwidth, bytes per second.
+
+        See Also
+        --------
+        lnorm.gpu.model.Prediction.share : As a fraction of the copy's.
+
+        Examples
+        --------
+        >>> fwd = predict("forward", 8192, 4096, "float16")
+        >>> fwd.bandwidth == fwd.bytes / fwd.time
+        True
+        """
         return self.bytes / self.time
 
     def share(self, device: Device = H100) -> float:
-        """Fraction of the copy bandwidth."""
+        r"""Return the fraction of the copy bandwidth: ``bandwidth / device.bandwidth``.
+
+        Parameters
+        ----------
+        device : Device, default H100
+            Whose copy bandwidth is the yardstick.
+
+        Returns
+        -------
+        float
+            Between 0 and 1 for a time the copy bandwidth allows.
+
+        See Also
+        --------
+        lnorm.gpu.model.Prediction.bandwidth : The numerator.
+
+        Examples
+        --------
+        >>> round(predict("forward", 8192, 4096, "float16").share(), 2)
+        0.69
+        """
         return self.bandwidth / device.bandwidth
 
 
 def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
             registers: int | None = None, rows_in_flight: int = 1) -> Prediction:
-    """Predicted time of the fused forward or backward (both kernels) at one shape.
+    r"""Predict the time of the fused forward or backward (both kernels) at one shape.
+
+    ``time = steps * (C * b_row / B + L) + launch overhead``, with the terms
+    of the module docstring; the backward adds its second stage, reading the
+    partial sums once.
 
     Parameters
     ----------
     direction : {"forward", "backward"}
+        Which pass.
     rows, D : int
-    dtype : float32 or float16
-    device : Device
+        The shape, as :func:`lnorm.gpu.kernels.plan` takes it.
+    dtype : dtype-like
+        float32 or float16.
+    device : Device, default H100
+        The GPU modelled.
     registers : int, optional
-        Registers per thread of the main kernel; default :data:`REGISTERS`.
+        Registers per thread of the main kernel; default
+        :data:`lnorm.gpu.model.REGISTERS`.
     rows_in_flight : int, default 1
         Rows whose loads a group keeps outstanding: 1 is the kernels here;
         2 models prefetching the next row, which hides the latency ``L`` of
@@ -121,12 +270,32 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     Returns
     -------
     Prediction
+        Bytes, concurrency, steps and time.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A shape or dtype :func:`lnorm.gpu.kernels.plan` refuses.
+
+    See Also
+    --------
+    lnorm.gpu.model.occupancy : Blocks per SM.
+    lnorm.cost.traffic : The bytes.
+
+    Examples
+    --------
+    >>> fwd = predict("forward", 8192, 4096, "float16")
+    >>> fwd.bytes, fwd.concurrent_groups, fwd.steps
+    (134299648, 792, 11)
+    >>> predict("forward", 8192, 4096, "float16", rows_in_flight=2).time < fwd.time
+    True
     """
     p = plan(rows, D, dtype)
     itemsize = p.dtype.itemsize
     short = "fwd" if direction == "forward" else "bwd"
     regs = registers or REGISTERS[short]
-    must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize, saved="x_mean_rstd").bytes
+    must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
+                   saved="x_mean_rstd").bytes
     if direction == "forward":
         groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
         extra = 0
@@ -137,14 +306,17 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     blocks_per_sm = occupancy(p.block, regs, device)
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
     b_row = must / max(rows, 1)
-    # The forward makes three row sums per row (mean_hi, mean_lo, variance), the backward one.
+    # The forward makes three row sums per row (mean_hi, mean_lo, variance), the
+    # backward one.
     reduction = device.block_reduction if p.per_block else device.warp_reduction
-    exposed = device.latency / rows_in_flight + (3 if direction == "forward" else 1) * reduction
+    exposed = (device.latency / rows_in_flight
+               + (3 if direction == "forward" else 1) * reduction)
     t_step = concurrent * b_row / device.bandwidth + exposed
     steps = math.ceil(groups / concurrent) * per_group if rows else 0
     time = steps * t_step + device.launch_overhead
     if direction == "backward":
         # Second stage: read the partial sums once, at copy speed, plus its latency.
-        time += p.partials_bytes / 2 / device.bandwidth + device.latency + device.launch_overhead
+        time += (p.partials_bytes / 2 / device.bandwidth + device.latency
+                 + device.launch_overhead)
     return Prediction(direction, rows, D, str(np.dtype(dtype)), must, must + extra,
                       concurrent, steps, time)

@@ -1,4 +1,4 @@
-"""Read PTX: which instructions touch global memory, for which argument, how wide.
+r"""Read PTX: which instructions touch global memory, for which argument, how wide.
 
 PTX is the virtual instruction set NVRTC emits. Each global load or store in
 it is one instruction per thread per access, so counting them (and their
@@ -8,7 +8,16 @@ real ones and reports registers and spills.
 
 A load or store is attributed to the kernel argument its address comes from,
 by following the address register back to the ``ld.param.u64`` that loaded the
-pointer: address arithmetic only ever adds offsets to one pointer.
+pointer: address arithmetic only ever adds offsets to one pointer. Chapter 6
+("One kernel: fused layer norm on the GPU") reads the kernels this way.
+
+Examples
+--------
+>>> from lnorm.gpu.kernels import compile_ptx, kernel_params
+>>> name = "layernorm_forward.cu"
+>>> reports = inspect_ptx(compile_ptx(name), kernel_params(name))
+>>> reports["ln_fwd_warp_f32_v4"].per_argument("ld")  # (loads, bytes) per thread
+{'x': (4, 64), 'gamma': (4, 64), 'beta': (4, 64)}
 """
 
 from __future__ import annotations
@@ -33,9 +42,13 @@ __all__ = [
     "ptxas_usage",
 ]
 
-_ENTRY = re.compile(r"^\.visible \.entry (\w+)\((.*?)\)\s*(.*?)^\{(.*?)^\}", re.M | re.S)
+_ENTRY = re.compile(
+    r"^\.visible \.entry (\w+)\((.*?)\)\s*(.*?)^\{(.*?)^\}", re.M | re.S
+)
 _PARAM = re.compile(r"\.param \.(\w+) (\w+)")
-_SHARED_DECL = re.compile(r"\.shared\s+(?:\.align \d+\s+)?\.[bfus](\d+)\s+(\w+)\[(\d+)\]")
+_SHARED_DECL = re.compile(
+    r"\.shared\s+(?:\.align \d+\s+)?\.[bfus](\d+)\s+(\w+)\[(\d+)\]"
+)
 _LOCAL_DECL = re.compile(r"\.local\s+(?:\.align \d+\s+)?\.[bfus](\d+)\s+\w+\[(\d+)\]")
 _GUARD = re.compile(r"^@!?%\w+\s+")
 _REG = re.compile(r"%\w+")
@@ -43,7 +56,7 @@ _REG = re.compile(r"%\w+")
 
 @dataclass(frozen=True)
 class MemoryOp:
-    """One global load or store instruction.
+    r"""Describe one global load or store instruction.
 
     Attributes
     ----------
@@ -57,7 +70,18 @@ class MemoryOp:
     in_loop : bool
         Inside a loop of the PTX (between a label and a later branch back to it).
     offset : int
-        The constant byte offset of the address (``[%rd2+512]``: 512; 0 if none).
+        The constant byte offset of the address (``[%rd2+512]``: 512; 0 if
+        none).
+
+    See Also
+    --------
+    lnorm.gpu.ptx.KernelPTX.ops : Selects them.
+
+    Examples
+    --------
+    >>> op = MemoryOp("ld", "x", vector=4, bits=32, in_loop=False, offset=0)
+    >>> op.bytes  # one 16-byte vector load
+    16
     """
 
     kind: str
@@ -69,13 +93,32 @@ class MemoryOp:
 
     @property
     def bytes(self) -> int:
-        """Bytes one thread moves with this instruction."""
+        r"""Return the bytes one thread moves with this instruction.
+
+        ``vector * bits / 8``.
+
+        Returns
+        -------
+        int
+            1 to 16 for the instructions PTX has.
+
+        See Also
+        --------
+        lnorm.gpu.ptx.KernelPTX.per_argument : Sums these per argument.
+
+        Examples
+        --------
+        >>> MemoryOp("st", "y", vector=8, bits=16, in_loop=True, offset=0).bytes
+        16
+        """
         return self.vector * self.bits // 8
 
 
 @dataclass(frozen=True)
 class KernelPTX:
-    """What the PTX of one kernel says about memory traffic and synchronization.
+    r"""Hold what the PTX of one kernel says about memory traffic and synchronization.
+
+    Made by :func:`lnorm.gpu.ptx.inspect_ptx`.
 
     Attributes
     ----------
@@ -83,7 +126,8 @@ class KernelPTX:
     params : tuple of str
         Argument names, in order.
     param_types : tuple of str
-        Their PTX types: ``"u64"`` for a pointer, ``"u32"`` for an int, ``"f32"`` for a float.
+        Their PTX types: ``"u64"`` for a pointer, ``"u32"`` for an int,
+        ``"f32"`` for a float.
     memory_ops : tuple of MemoryOp
         Every global load and store.
     shared_bytes : int
@@ -97,6 +141,26 @@ class KernelPTX:
     lines : tuple of str
         The body, one line each (declarations, labels, instructions), guards
         (``@%p1``) removed.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.inspect_ptx : Makes one per kernel.
+    lnorm.gpu.ptx.PtxasUsage : Registers and spills, from ``ptxas``.
+
+    Examples
+    --------
+    >>> ptx = "\n".join([
+    ...     ".visible .entry copy(.param .u64 src, .param .u64 dst)",
+    ...     "{",
+    ...     "ld.param.u64 %rd1, [src];",
+    ...     "ld.param.u64 %rd2, [dst];",
+    ...     "ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];",
+    ...     "st.global.v4.f32 [%rd2+16], {%f1, %f2, %f3, %f4};",
+    ...     "ret;",
+    ...     "}"])
+    >>> k = inspect_ptx(ptx)["copy"]
+    >>> k.params, k.param_types, k.shared_bytes, k.max_threads
+    (('src', 'dst'), ('u64', 'u64'), 0, None)
     """
 
     name: str
@@ -109,8 +173,38 @@ class KernelPTX:
     opcodes: Counter
     lines: tuple[str, ...]
 
-    def ops(self, kind: str, argument: str | None = None, *, in_loop: bool | None = None) -> list[MemoryOp]:
-        """Loads (``"ld"``) or stores (``"st"``), optionally of one argument, or in loops only."""
+    def ops(
+        self, kind: str, argument: str | None = None, *, in_loop: bool | None = None
+    ) -> list[MemoryOp]:
+        r"""Select the loads or stores, optionally of one argument, in loops or not.
+
+        Parameters
+        ----------
+        kind : {"ld", "st"}
+            Loads or stores.
+        argument : str, optional
+            Only those whose address derives from this kernel argument.
+        in_loop : bool, optional
+            Only those inside (True) or outside (False) a loop of the PTX.
+
+        Returns
+        -------
+        list of MemoryOp
+            In the order of the PTX.
+
+        See Also
+        --------
+        lnorm.gpu.ptx.KernelPTX.per_argument : Counts them per argument.
+
+        Examples
+        --------
+        >>> from lnorm.gpu.kernels import compile_ptx, kernel_params
+        >>> name = "layernorm_forward.cu"
+        >>> reports = inspect_ptx(compile_ptx(name), kernel_params(name))
+        >>> k = reports["ln_fwd_warp_f32_v4"]
+        >>> [(op.vector, op.bits) for op in k.ops("st", "y")]  # 4 vectors of 4 floats
+        [(4, 32), (4, 32), (4, 32), (4, 32)]
+        """
         return [
             op
             for op in self.memory_ops
@@ -119,8 +213,41 @@ class KernelPTX:
             and (in_loop is None or op.in_loop == in_loop)
         ]
 
-    def per_argument(self, kind: str, *, in_loop: bool | None = None) -> dict[str, tuple[int, int]]:
-        """``{argument: (instructions, bytes)}``: what one thread loads or stores of each argument."""
+    def per_argument(
+        self, kind: str, *, in_loop: bool | None = None
+    ) -> dict[str, tuple[int, int]]:
+        r"""Count what one thread loads or stores of each argument.
+
+        Parameters
+        ----------
+        kind : {"ld", "st"}
+            Loads or stores.
+        in_loop : bool, optional
+            Only those inside (True) or outside (False) a loop of the PTX.
+
+        Returns
+        -------
+        dict of str to (int, int)
+            ``{argument: (instructions, bytes)}``, per thread; ``"?"`` for
+            addresses not derived from exactly one argument.
+
+        See Also
+        --------
+        lnorm.gpu.ptx.KernelPTX.ops : The instructions themselves.
+
+        Examples
+        --------
+        >>> from lnorm.gpu.kernels import compile_ptx, kernel_params
+        >>> name = "layernorm_forward.cu"
+        >>> reports = inspect_ptx(compile_ptx(name), kernel_params(name))
+        >>> k = reports["ln_fwd_warp_f32_v4"]
+        >>> for argument, (n, nbytes) in k.per_argument("st").items():
+        ...     print(argument, n, nbytes)
+        y 4 64
+        mean_hi 1 4
+        mean_lo 1 4
+        rstd 1 4
+        """
         out: dict[str, tuple[int, int]] = {}
         for op in self.ops(kind, in_loop=in_loop):
             n, b = out.get(op.argument, (0, 0))
@@ -128,12 +255,37 @@ class KernelPTX:
         return out
 
     def count(self, prefix: str) -> int:
-        """Instructions whose opcode starts with ``prefix`` (``"shfl"``, ``"atom"``, ``"fma"``)."""
+        r"""Count the instructions whose opcode starts with ``prefix``.
+
+        Parameters
+        ----------
+        prefix : str
+            The start of an opcode, e.g. ``"shfl"``, ``"atom"``, ``"fma"``,
+            ``"bar.sync"``.
+
+        Returns
+        -------
+        int
+            Occurrences in the PTX text (not executions).
+
+        See Also
+        --------
+        lnorm.gpu.ptx.KernelPTX.ops : Global loads and stores in detail.
+
+        Examples
+        --------
+        >>> from lnorm.gpu.kernels import compile_ptx, kernel_params
+        >>> name = "layernorm_backward.cu"
+        >>> reports = inspect_ptx(compile_ptx(name), kernel_params(name))
+        >>> k = reports["ln_bwd_reduce_params"]
+        >>> k.count("atom"), k.count("fma")  # no atomics; --fmad=false: no fma
+        (0, 0)
+        """
         return sum(n for op, n in self.opcodes.items() if op.startswith(prefix))
 
 
 def _instructions(body: str) -> list[str]:
-    """The body's lines, guards (``@%p1``) removed, labels and declarations kept as is."""
+    """The body's lines, guards (``@%p1``) removed, labels and declarations kept."""
     return [_GUARD.sub("", ln.strip()) for ln in body.splitlines()]
 
 
@@ -161,7 +313,9 @@ def _pointer_origins(lines: list[str], pointers: set[str]) -> dict[str, set[str]
         changed = False
         for line in lines:
             op, _, rest = line.partition(" ")
-            if not op or op[0] in ".$/{}" or op.startswith(("st.", "bra", "bar.", "ret", "setp")):
+            if not op or op[0] in ".$/{}" or op.startswith(
+                ("st.", "bra", "bar.", "ret", "setp")
+            ):
                 continue
             regs = _REG.findall(rest)
             if not regs:
@@ -184,14 +338,20 @@ def _pointer_origins(lines: list[str], pointers: set[str]) -> dict[str, set[str]
 def _width(suffixes: str) -> tuple[int, int]:
     parts = suffixes.split(".")
     vector = next((int(p[1:]) for p in parts if re.fullmatch(r"v[248]", p)), 1)
-    bits = next(int(p[1:]) for p in reversed(parts) if re.fullmatch(r"[bfsu](8|16|32|64)", p))
+    bits = next(
+        int(p[1:]) for p in reversed(parts) if re.fullmatch(r"[bfsu](8|16|32|64)", p)
+    )
     return vector, bits
 
 
-def _inspect_entry(name, param_block, directives, body, module_shared, names) -> KernelPTX:
+def _inspect_entry(
+    name, param_block, directives, body, module_shared, names
+) -> KernelPTX:
     ptx_params = _PARAM.findall(param_block)
     if names is not None and len(names) != len(ptx_params):
-        raise ValueError(f"{name}: {len(names)} argument names for {len(ptx_params)} PTX parameters.")
+        raise ValueError(
+            f"{name}: {len(names)} argument names for {len(ptx_params)} PTX parameters."
+        )
     label = {p: (names[i] if names else p) for i, (_, p) in enumerate(ptx_params)}
     pointers = {p for t, p in ptx_params if t == "u64"}
 
@@ -208,15 +368,22 @@ def _inspect_entry(name, param_block, directives, body, module_shared, names) ->
         sources = origin.get(address.group(1), set()) if address else set()
         argument = label[next(iter(sources))] if len(sources) == 1 else "?"
         offset = int(address.group(2) or 0) if address else 0
-        memory_ops.append(MemoryOp(kind, argument, *_width(suffixes), in_loop=i in loops, offset=offset))
+        memory_ops.append(
+            MemoryOp(kind, argument, *_width(suffixes), in_loop=i in loops,
+                     offset=offset)
+        )
 
     shared = sum(int(bits) // 8 * int(n) for bits, _, n in _SHARED_DECL.findall(body))
-    shared += sum(size for var, size in module_shared.items() if re.search(rf"\b{var}\b", body))
+    shared += sum(
+        size for var, size in module_shared.items() if re.search(rf"\b{var}\b", body)
+    )
     local = sum(int(bits) // 8 * int(n) for bits, n in _LOCAL_DECL.findall(body))
     maxntid = re.search(r"\.maxntid (\d+), (\d+), (\d+)", directives)
     max_threads = None
     if maxntid:
-        max_threads = int(maxntid.group(1)) * int(maxntid.group(2)) * int(maxntid.group(3))
+        max_threads = (
+            int(maxntid.group(1)) * int(maxntid.group(2)) * int(maxntid.group(3))
+        )
     opcodes = Counter(
         line.split()[0].rstrip(";") for line in lines if line and line[0] not in ".$/{}"
     )
@@ -233,36 +400,88 @@ def _inspect_entry(name, param_block, directives, body, module_shared, names) ->
     )
 
 
-def inspect_ptx(ptx: str, params: dict[str, tuple[str, ...]] | None = None) -> dict[str, KernelPTX]:
-    """Inspect every kernel of a PTX module.
+def inspect_ptx(
+    ptx: str, params: dict[str, tuple[str, ...]] | None = None
+) -> dict[str, KernelPTX]:
+    r"""Inspect every kernel of a PTX module.
 
     Parameters
     ----------
     ptx : str
         PTX text, e.g. from :func:`lnorm.gpu.kernels.compile_ptx`.
     params : dict, optional
-        ``{kernel: argument names}`` (from :func:`lnorm.gpu.kernels.kernel_params`)
-        to name arguments as the CUDA source does; otherwise PTX names are used.
+        ``{kernel: argument names}`` (from
+        :func:`lnorm.gpu.kernels.kernel_params`) to name arguments as the CUDA
+        source does; otherwise PTX names are used.
 
     Returns
     -------
-    dict
+    dict of str to KernelPTX
         ``{kernel name: KernelPTX}``, in the order of the PTX.
+
+    Raises
+    ------
+    ValueError
+        If ``params`` gives a kernel a different number of names than its PTX
+        parameters.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.inspect_kernels : All the kernel files at once.
+    lnorm.gpu.kernels.compile_ptx : Makes the PTX.
+
+    Examples
+    --------
+    >>> ptx = "\n".join([
+    ...     ".visible .entry copy(.param .u64 src, .param .u64 dst)",
+    ...     "{",
+    ...     "ld.param.u64 %rd1, [src];",
+    ...     "ld.param.u64 %rd2, [dst];",
+    ...     "ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];",
+    ...     "st.global.v4.f32 [%rd2+16], {%f1, %f2, %f3, %f4};",
+    ...     "ret;",
+    ...     "}"])
+    >>> k = inspect_ptx(ptx, {"copy": ("x", "y")})["copy"]
+    >>> for op in k.memory_ops:
+    ...     print(op.kind, op.argument, op.vector, op.bits, op.offset)
+    ld x 4 32 0
+    st y 4 32 16
     """
     # Static __shared__ arrays of device functions are declared at module scope;
     # a kernel uses those its body names.
     module_text = _ENTRY.sub("", ptx)
-    module_shared = {var: int(bits) // 8 * int(n) for bits, var, n in _SHARED_DECL.findall(module_text)}
+    module_shared = {
+        var: int(bits) // 8 * int(n)
+        for bits, var, n in _SHARED_DECL.findall(module_text)
+    }
     out = {}
     for m in _ENTRY.finditer(ptx):
         name, param_block, directives, body = m.groups()
         names = params.get(name) if params else None
-        out[name] = _inspect_entry(name, param_block, directives, body, module_shared, names)
+        out[name] = _inspect_entry(
+            name, param_block, directives, body, module_shared, names
+        )
     return out
 
 
 def ptxas_path() -> Path | None:
-    """``ptxas`` from the ``nvidia-cuda-nvcc-cu12`` wheel, or None if that wheel is absent."""
+    r"""Find ``ptxas`` in the ``nvidia-cuda-nvcc-cu12`` wheel.
+
+    Returns
+    -------
+    pathlib.Path or None
+        The executable, or None if that wheel is absent.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.ptxas_usage : Runs it.
+
+    Examples
+    --------
+    >>> exe = ptxas_path()
+    >>> exe is None or exe.name == "ptxas"
+    True
+    """
     try:
         spec = importlib.util.find_spec("nvidia.cuda_nvcc")
     except ModuleNotFoundError:  # no "nvidia" namespace package at all
@@ -276,7 +495,31 @@ def ptxas_path() -> Path | None:
 
 @dataclass(frozen=True)
 class PtxasUsage:
-    """What ``ptxas -v`` reports for one kernel on one architecture."""
+    r"""Hold what ``ptxas -v`` reports for one kernel on one architecture.
+
+    Attributes
+    ----------
+    registers : int
+        Registers per thread.
+    spill_stores, spill_loads : int
+        Bytes spilled to local memory and loaded back (0 for these kernels).
+    stack_frame : int
+        Bytes of stack per thread.
+    shared_bytes : int
+        Static shared memory per block.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.ptxas_usage : Makes one per kernel.
+    lnorm.gpu.model.occupancy : What the registers allow per SM.
+
+    Examples
+    --------
+    >>> u = PtxasUsage(registers=40, spill_stores=0, spill_loads=0, stack_frame=0,
+    ...                shared_bytes=0)
+    >>> u.registers * 256 <= 65536  # a block of 256 threads fits the register file
+    True
+    """
 
     registers: int
     spill_stores: int
@@ -286,21 +529,59 @@ class PtxasUsage:
 
 
 def ptxas_usage(ptx: str, arch: str = "sm_90") -> dict[str, PtxasUsage]:
-    """Assemble PTX with ``ptxas -v``; registers, spills and shared memory per kernel.
+    r"""Assemble PTX with ``ptxas -v``; registers, spills and shared memory per kernel.
+
+    Parameters
+    ----------
+    ptx : str
+        A PTX module, e.g. from :func:`lnorm.gpu.kernels.compile_ptx`.
+    arch : str, default "sm_90"
+        The architecture ``ptxas`` assembles for.
+
+    Returns
+    -------
+    dict of str to PtxasUsage
+        ``{kernel name: PtxasUsage}``.
 
     Raises
     ------
     RuntimeError
-        If ``ptxas`` is not available (:func:`ptxas_path` returns None) or fails.
+        If ``ptxas`` is not available (:func:`lnorm.gpu.ptx.ptxas_path`
+        returns None) or fails.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.inspect_kernels : Runs this on every kernel file.
+
+    Examples
+    --------
+    >>> ptx = "\n".join([
+    ...     ".version 7.0", ".target sm_80", ".address_size 64",
+    ...     ".visible .entry copy(.param .u64 src, .param .u64 dst)",
+    ...     "{", ".reg .f32 %f<5>;", ".reg .b64 %rd<3>;",
+    ...     "ld.param.u64 %rd1, [src];", "ld.param.u64 %rd2, [dst];",
+    ...     "ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];",
+    ...     "st.global.v4.f32 [%rd2], {%f1, %f2, %f3, %f4};",
+    ...     "ret;", "}"])
+    >>> try:
+    ...     usage = ptxas_usage(ptx)
+    ... except RuntimeError as exc:  # no ptxas here: the message says what to install
+    ...     print(str(exc).startswith("ptxas not found"))
+    ... else:
+    ...     print(usage["copy"].spill_stores == 0 and usage["copy"].shared_bytes == 0)
+    True
     """
     exe = ptxas_path()
     if exe is None:
-        raise RuntimeError("ptxas not found: install nvidia-cuda-nvcc-cu12 (see requirements.txt).")
+        raise RuntimeError(
+            "ptxas not found: install nvidia-cuda-nvcc-cu12 (see requirements.txt)."
+        )
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernels.ptx"
         src.write_text(ptx)
         proc = subprocess.run(
-            [str(exe), f"-arch={arch}", "-v", str(src), "-o", str(Path(tmp) / "kernels.cubin")],
+            [str(exe), f"-arch={arch}", "-v", str(src), "-o",
+             str(Path(tmp) / "kernels.cubin")],
             capture_output=True,
             text=True,
             check=False,
@@ -312,7 +593,11 @@ def ptxas_usage(ptx: str, arch: str = "sm_90") -> dict[str, PtxasUsage]:
         m = re.match(r"ptxas info\s+: Function properties for (\w+)", block)
         if not m:
             continue
-        frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", block)
+        frame = re.search(
+            r"(\d+) bytes stack frame, (\d+) bytes spill stores, "
+            r"(\d+) bytes spill loads",
+            block,
+        )
         used = re.search(r"Used (\d+) registers", block)
         smem = re.search(r"(\d+) bytes smem", block)
         out[m.group(1)] = PtxasUsage(
@@ -325,8 +610,15 @@ def ptxas_usage(ptx: str, arch: str = "sm_90") -> dict[str, PtxasUsage]:
     return out
 
 
-def inspect_kernels(arch: str = "sm_90") -> tuple[dict[str, KernelPTX], dict[str, PtxasUsage] | None]:
-    """Compile every kernel file for ``arch`` with NVRTC and inspect the result.
+def inspect_kernels(
+    arch: str = "sm_90",
+) -> tuple[dict[str, KernelPTX], dict[str, PtxasUsage] | None]:
+    r"""Compile every kernel file for ``arch`` with NVRTC and inspect the result.
+
+    Parameters
+    ----------
+    arch : str, default "sm_90"
+        Target, as ``"sm_XY"``.
 
     Returns
     -------
@@ -334,7 +626,26 @@ def inspect_kernels(arch: str = "sm_90") -> tuple[dict[str, KernelPTX], dict[str
         ``{kernel: KernelPTX}`` over all of :data:`lnorm.gpu.kernels.KERNEL_FILES`,
         arguments named as in the CUDA source.
     usage : dict or None
-        ``{kernel: PtxasUsage}`` from ``ptxas -v``, or None where ptxas is absent.
+        ``{kernel: PtxasUsage}`` from ``ptxas -v``, or None where ptxas is
+        absent.
+
+    Raises
+    ------
+    RuntimeError
+        If NVRTC cannot be loaded or fails, or ``ptxas`` fails.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.inspect_ptx : One PTX module.
+    lnorm.gpu.ptx.ptxas_usage : One ``ptxas`` run.
+
+    Examples
+    --------
+    >>> reports, usage = inspect_kernels()
+    >>> len(reports), sum(k.count("atom") for k in reports.values())
+    (17, 0)
+    >>> usage is None or set(usage) == set(reports)
+    True
     """
     reports: dict[str, KernelPTX] = {}
     usage: dict[str, PtxasUsage] | None = {} if ptxas_path() is not None else None

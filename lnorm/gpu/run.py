@@ -1,9 +1,23 @@
-"""Run, check and time the kernels on a GPU through CuPy.
+r"""Run, check and time the kernels on a GPU through CuPy.
 
-Everything here needs a CUDA device; each entry point checks
-:func:`lnorm.gpu.available` first and raises ``RuntimeError`` with the
-reason when there is none, so nothing is ever launched on a CPU machine.
-CuPy is imported inside the functions: importing this module needs no CUDA.
+Everything here but :func:`lnorm.gpu.run.available` and the op-by-op
+versions (which also run on NumPy arrays) needs a CUDA device; each such
+entry point checks :func:`lnorm.gpu.run.available` first and raises
+``RuntimeError`` with the reason when there is none, so nothing is ever
+launched on a CPU machine. CuPy is imported inside the functions: importing
+this module needs no CUDA. Chapter 6 ("One kernel: fused layer norm on the
+GPU") sets the kernels against the op-by-op version.
+
+Examples
+--------
+>>> ok, reason = available()
+>>> try:
+...     fused = FusedLayerNorm()
+... except RuntimeError as exc:  # no GPU: refused, with the reason
+...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
+... else:
+...     print(ok)
+True
 """
 
 from __future__ import annotations
@@ -42,13 +56,28 @@ __all__ = [
 
 
 def available() -> tuple[bool, str]:
-    """Whether the kernels can run here, and why not.
+    r"""Say whether the kernels can run here, and why not.
+
+    Never raises: every failure to import CuPy or to reach a device becomes
+    the reason.
 
     Returns
     -------
-    (bool, str)
-        ``(True, "<device name>")`` with a usable CUDA device; otherwise
-        ``(False, reason)``: CuPy missing, or no device/driver.
+    ok : bool
+        True with a usable CUDA device.
+    reason : str
+        The device's name if ``ok``; otherwise why not: CuPy missing, or no
+        device or driver.
+
+    See Also
+    --------
+    lnorm.gpu.host.available : Whether the kernels can run on the CPU.
+
+    Examples
+    --------
+    >>> ok, reason = available()
+    >>> isinstance(ok, bool), isinstance(reason, str)
+    (True, True)
     """
     try:
         import cupy
@@ -56,7 +85,8 @@ def available() -> tuple[bool, str]:
         return False, f"CuPy cannot be imported ({type(exc).__name__}: {exc})"
     try:
         if not cupy.cuda.is_available():
-            return False, "CuPy finds no CUDA device (cupy.cuda.is_available() is False)"
+            return False, ("CuPy finds no CUDA device "
+                           "(cupy.cuda.is_available() is False)")
         props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     except Exception as exc:  # a broken driver install
         return False, f"CUDA is not usable ({type(exc).__name__}: {exc})"
@@ -74,17 +104,36 @@ def _require_gpu():
 
 
 class FusedLayerNorm:
-    """The fused forward and backward kernels, compiled for the current device.
+    r"""Run the fused forward and backward kernels, compiled for the current device.
 
     Each kernel file is compiled by NVRTC with exactly the source and options
     that :func:`lnorm.gpu.kernels.compile_ptx` inspects
     (:func:`lnorm.gpu.kernels.compile_binary`), and the binary is loaded with
-    ``cupy.RawModule(path=...)``.
+    ``cupy.RawModule(path=...)``. The launches follow
+    :func:`lnorm.gpu.kernels.plan`, so the results equal
+    :mod:`lnorm.gpu.emulate` bit for bit.
 
     Raises
     ------
     RuntimeError
         On construction, if there is no usable CUDA device.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.forward : The same arithmetic in NumPy.
+    lnorm.gpu.host.HostLayerNorm : The same CUDA source run on the CPU.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import emulate
+    >>> from lnorm.gpu.check import forward_backward, make_inputs
+    >>> inp = make_inputs(64, 7, "float32")
+    >>> ok, _ = available()
+    >>> if ok:  # a GPU: the kernels equal the emulation, bit for bit
+    ...     fused = FusedLayerNorm()
+    ...     got = forward_backward(fused.forward, fused.backward, inp)
+    ...     want = forward_backward(emulate.forward, emulate.backward, inp)
+    ...     assert all(np.array_equal(got[k], want[k]) for k in want)
     """
 
     def __init__(self) -> None:
@@ -111,21 +160,49 @@ class FusedLayerNorm:
         return a
 
     def forward(self, x, gamma, beta, eps: float = 1e-5) -> tuple:
-        """Fused forward: ``y = gamma * (x - mean) * rstd + beta`` over the last axis.
+        r"""Run the fused forward: ``y = gamma * (x - mean) * rstd + beta``, last axis.
 
-        The mean is returned in two halves, ``mean_hi + mean_lo`` (see
+        One launch of the kernel :meth:`lnorm.gpu.kernels.LaunchPlan.kernel`
+        names. The mean is returned in two halves, ``mean_hi + mean_lo`` (see
         :func:`lnorm.gpu.emulate.forward`).
 
         Parameters
         ----------
         x : array, shape (..., D), float32 or float16 (host or device)
+            The input.
         gamma, beta : array, shape (D,), the dtype of ``x``
-        eps : float
+            Scale and shift.
+        eps : float, default 1e-5
+            Added to the variance.
 
         Returns
         -------
         y : cupy.ndarray, shape and dtype of ``x``
+            The output.
         mean_hi, mean_lo, rstd : cupy.ndarray, float32, shape ``x.shape[:-1]``
+            The row statistics the backward takes.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
+
+        See Also
+        --------
+        lnorm.gpu.run.FusedLayerNorm.backward : The backward.
+        lnorm.gpu.run.unfused_forward : The op-by-op version.
+
+        Examples
+        --------
+        >>> from lnorm.gpu import emulate
+        >>> from lnorm.gpu.kernels import check_forward_args
+        >>> x = np.float32(1e4) + np.arange(16, dtype=np.float32).reshape(2, 8)
+        >>> g, b = np.ones(8, np.float32), np.zeros(8, np.float32)
+        >>> check_forward_args(x, g, b).kernel("forward")  # what the call launches
+        'ln_fwd_warp_f32_v4'
+        >>> if available()[0]:  # a GPU: the kernel equals the emulation
+        ...     y, hi, lo, rstd = FusedLayerNorm().forward(x, g, b)
+        ...     assert np.array_equal(y.get(), emulate.forward(x, g, b)[0])
         """
         cp = self._cp
         x, gamma, beta = (self._as_device(a) for a in (x, gamma, beta))
@@ -142,12 +219,52 @@ class FusedLayerNorm:
         return y, hi, lo, rstd
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
-        """Fused backward, then the deterministic reduction of dgamma and dbeta.
+        r"""Run the fused backward, then the deterministic reduction of dgamma, dbeta.
+
+        Two launches: the backward kernel writes ``dx`` and the
+        ``(row_groups, D)`` partial sums, ``ln_bwd_reduce_params`` adds them in
+        a fixed order (no atomics).
+
+        Parameters
+        ----------
+        dy, x : array, shape (..., D), float32 or float16 (host or device)
+            The upstream gradient and the forward's input, one dtype.
+        gamma : array, shape (D,), the dtype of ``x``
+            The scale.
+        mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
+            As :meth:`lnorm.gpu.run.FusedLayerNorm.forward` returns them.
 
         Returns
         -------
         dx : cupy.ndarray, shape and dtype of ``x``
+            The gradient of the input.
         dgamma, dbeta : cupy.ndarray, float32, shape (D,)
+            The gradients of the scale and shift.
+
+        Raises
+        ------
+        ValueError, TypeError
+            Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
+
+        See Also
+        --------
+        lnorm.gpu.emulate.backward : The same arithmetic in NumPy.
+        lnorm.gpu.run.unfused_backward : The op-by-op version.
+
+        Examples
+        --------
+        >>> from lnorm.gpu import emulate
+        >>> from lnorm.gpu.kernels import plan
+        >>> p = plan(5000, 64, "float16")  # the launches the call makes
+        >>> p.kernel("backward"), p.backward_grid, p.row_groups
+        ('ln_bwd_warp_f16_v8', 79, 313)
+        >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+        >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+        >>> if available()[0]:  # a GPU: the kernels equal the emulation
+        ...     fused = FusedLayerNorm()
+        ...     stats = fused.forward(x, g, b)[1:]
+        ...     dx, dgamma, dbeta = fused.backward(np.ones_like(x), x, g, *stats)
+        ...     assert dbeta.tolist() == [2.0, 2.0, 2.0, 2.0]
         """
         cp = self._cp
         dy, x, gamma, mean_hi, mean_lo, rstd = (
@@ -167,49 +284,102 @@ class FusedLayerNorm:
             (p.block,),
             (
                 dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part, dbeta_part,
-                np.int32(p.rows), np.int32(p.D), np.int32(p.rows_per_group), np.int32(p.row_groups),
+                np.int32(p.rows), np.int32(p.D), np.int32(p.rows_per_group),
+                np.int32(p.row_groups),
             ),
         )
         slices = constants()["LN_REDUCE_SLICES"]
         self._functions["ln_bwd_reduce_params"](
             (math.ceil(p.D / 32),),
             (32, slices),
-            (dgamma_part, dbeta_part, np.int32(p.row_groups), np.int32(p.D), dgamma, dbeta),
+            (dgamma_part, dbeta_part, np.int32(p.row_groups), np.int32(p.D), dgamma,
+             dbeta),
         )
         return dx, dgamma, dbeta
 
 
 def unfused_forward(x, gamma, beta, eps: float = 1e-5) -> tuple:
-    """The forward written op by op in float32, for comparison.
+    r"""Compute the forward op by op in float32, for comparison.
 
     :func:`lnorm.core.forward_formula` on float32 arrays (float16 is converted
     first and last): one kernel launch on the GPU (CuPy arrays) or one loop
     on the CPU (NumPy arrays) and one full-size temporary per operator, the
-    ``"numpy"`` schedule of :mod:`lnorm.cost`.
+    ``"numpy"`` schedule of :mod:`lnorm.cost`. Needs no GPU for NumPy input.
+
+    Parameters
+    ----------
+    x : array, shape (..., D), NumPy or CuPy
+        The input.
+    gamma, beta : array, shape (D,)
+        Scale and shift.
+    eps : float, default 1e-5
+        Added to the variance.
 
     Returns
     -------
     y : array, shape and dtype of ``x``
-    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``, as the
-        fused backward takes them; ``mean_lo`` is zero (a plain float32 mean)
+        The output.
+    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
+        As the fused backward takes them; ``mean_lo`` is zero (a plain
+        float32 mean).
+
+    See Also
+    --------
+    lnorm.gpu.run.FusedLayerNorm.forward : The fused kernel.
+    lnorm.cost.numpy_program : The op-by-op program and its traffic.
+
+    Examples
+    --------
+    >>> x = np.float32(1e4) + np.arange(8, dtype=np.float32).reshape(1, 8)
+    >>> g, b = np.ones(8, np.float32), np.zeros(8, np.float32)
+    >>> y, mean_hi, mean_lo, rstd = unfused_forward(x, g, b)
+    >>> float(mean_hi[0]), float(mean_lo[0]), y.dtype
+    (10003.5, 0.0, dtype('float32'))
     """
     x32 = x.astype("float32", copy=False)  # float32 input: no copy, no extra pass
-    y, mean, rstd, _ = forward_formula(x32, gamma.astype("float32"), beta.astype("float32"), eps)
+    y, mean, rstd, _ = forward_formula(
+        x32, gamma.astype("float32"), beta.astype("float32"), eps
+    )
     mean = mean[..., 0]
     return y.astype(x.dtype, copy=False), mean, mean * 0, rstd[..., 0]
 
 
 def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
-    """The backward written op by op in float32, for comparison.
+    r"""Compute the backward op by op in float32, for comparison.
 
     ``xhat = ((x - mean_hi) - mean_lo) * rstd`` recovered op by op, then
     :func:`lnorm.bench.reference_backward` on float32 arrays: the program
     :func:`lnorm.cost.numpy_program` counts for ``saved="x_mean_rstd"``.
+    Needs no GPU for NumPy input.
+
+    Parameters
+    ----------
+    dy, x : array, shape (..., D), NumPy or CuPy
+        The upstream gradient and the forward's input.
+    gamma : array, shape (D,)
+        The scale.
+    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
+        The row statistics, e.g. from :func:`lnorm.gpu.run.unfused_forward`.
 
     Returns
     -------
     dx : array, shape and dtype of ``x``
+        The gradient of the input.
     dgamma, dbeta : array, float32, shape (D,)
+        The gradients of the scale and shift.
+
+    See Also
+    --------
+    lnorm.gpu.run.FusedLayerNorm.backward : The fused kernels.
+
+    Examples
+    --------
+    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
+    >>> _, hi, lo, rstd = unfused_forward(x, g, b)
+    >>> dx, dgamma, dbeta = unfused_backward(np.ones_like(x), x, g, hi, lo, rstd)
+    >>> float(abs(dx).max()), dbeta.tolist()
+    (0.0, [2.0, 2.0, 2.0, 2.0])
     """
     D = x.shape[-1]
     x32 = x.reshape(-1, D).astype("float32", copy=False)
@@ -224,12 +394,50 @@ def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
 def cuda_time(
     fn: Callable, *args, number: int = 10, repeat: int = 5, warmup: int = 2
 ) -> float:
-    """Seconds per call of ``fn(*args)`` on the GPU, measured with CUDA events.
+    r"""Measure the seconds per call of ``fn(*args)`` on the GPU with CUDA events.
 
     Two events bracket ``number`` calls in a row (the GPU queue stays full, so
     host overhead between calls is hidden when the calls are long enough);
     the median over ``repeat`` such batches is returned. The warm-up calls
     load the kernels and fill CuPy's memory pool first.
+
+    Parameters
+    ----------
+    fn : callable
+        What to time; it launches work on the current stream.
+    *args
+        Its arguments.
+    number : int, default 10
+        Calls per timed batch.
+    repeat : int, default 5
+        Batches.
+    warmup : int, default 2
+        Untimed calls first.
+
+    Returns
+    -------
+    float
+        The median over batches of the batch time divided by ``number``.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no usable CUDA device.
+
+    See Also
+    --------
+    lnorm.gpu.run.benchmark : Times the fused and op-by-op versions.
+
+    Examples
+    --------
+    >>> ok, _ = available()
+    >>> try:
+    ...     t = cuda_time(lambda: None, number=2, repeat=3, warmup=1)
+    ... except RuntimeError as exc:  # no GPU
+    ...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
+    ... else:
+    ...     print(ok and t >= 0)
+    True
     """
     cp = _require_gpu()
     for _ in range(warmup):
@@ -249,11 +457,33 @@ def cuda_time(
 
 @dataclass(frozen=True)
 class DeviceInfo:
-    """The current device and its theoretical memory bandwidth.
+    r"""Describe the current device and its theoretical memory bandwidth.
 
-    ``peak_bandwidth`` = 2 (double data rate) x memory clock x bus width / 8
-    bytes per second, from the device's own attributes; None if the driver
-    does not report them.
+    Made by :func:`lnorm.gpu.run.device_info`.
+
+    Attributes
+    ----------
+    name : str
+        The device's name, as the driver reports it.
+    compute_capability : str
+        E.g. ``"90"`` for an H100.
+    sm_count : int
+        Streaming multiprocessors.
+    peak_bandwidth : float or None
+        ``2 (double data rate) x memory clock x bus width / 8`` bytes per
+        second, from the device's own attributes; None if the driver does not
+        report them.
+
+    See Also
+    --------
+    lnorm.gpu.model.Device : What the time model assumes of a GPU.
+
+    Examples
+    --------
+    >>> clock_hz, bus_bits = 2619e6, 5120  # an H100 SXM's HBM3
+    >>> info = DeviceInfo("H100", "90", 132, 2 * clock_hz * bus_bits / 8)
+    >>> round(info.peak_bandwidth / 1e12, 2)  # TB/s
+    3.35
     """
 
     name: str
@@ -263,11 +493,38 @@ class DeviceInfo:
 
 
 def device_info() -> DeviceInfo:
-    """Name, compute capability, SM count and peak DRAM bandwidth of the current device."""
+    r"""Read the name, compute capability, SM count and peak bandwidth of the device.
+
+    Returns
+    -------
+    DeviceInfo
+        Of the current CUDA device.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no usable CUDA device.
+
+    See Also
+    --------
+    lnorm.gpu.run.available : Whether there is one.
+
+    Examples
+    --------
+    >>> ok, reason = available()
+    >>> try:
+    ...     info = device_info()
+    ... except RuntimeError as exc:  # no GPU
+    ...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
+    ... else:
+    ...     print(ok and info.name == reason and info.sm_count > 0)
+    True
+    """
     cp = _require_gpu()
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    name = (props["name"].decode() if isinstance(props["name"], bytes)
+            else str(props["name"]))
 
     def attribute(key: str, code: int):
         # CUDA 13 drops these two from the properties; the attribute API keeps them.
@@ -281,11 +538,25 @@ def device_info() -> DeviceInfo:
     clock_khz = attribute("memoryClockRate", 36)  # cudaDevAttrMemoryClockRate
     bus_bits = attribute("memoryBusWidth", 37)  # cudaDevAttrGlobalMemoryBusWidth
     peak = 2.0 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else None
-    return DeviceInfo(name, dev.compute_capability, int(props["multiProcessorCount"]), peak)
+    return DeviceInfo(
+        name, dev.compute_capability, int(props["multiProcessorCount"]), peak
+    )
 
 
 def benchmark(rows: int, D: int, dtype, *, seed: int = 0) -> dict:
-    """Time the fused kernels and the op-by-op CuPy version on one problem size.
+    r"""Time the fused kernels and the op-by-op CuPy version on one problem size.
+
+    Each time is :func:`lnorm.gpu.run.cuda_time` with its defaults, on the
+    inputs of :func:`lnorm.gpu.check.make_inputs`.
+
+    Parameters
+    ----------
+    rows, D : int
+        The shape.
+    dtype : dtype-like
+        float32 or float16.
+    seed : int, default 0
+        Seed of the inputs.
 
     Returns
     -------
@@ -296,6 +567,31 @@ def benchmark(rows: int, D: int, dtype, *, seed: int = 0) -> dict:
         :func:`lnorm.cost.traffic` (the backward from ``x``, ``mean``,
         ``rstd``, as these kernels save). Bytes over time is the effective
         bandwidth: the least traffic the job needs, per second.
+
+    Raises
+    ------
+    RuntimeError
+        If there is no usable CUDA device.
+
+    See Also
+    --------
+    lnorm.gpu.measure.time_rungs : The timings of ``python -m lnorm.gpu.measure``.
+
+    Examples
+    --------
+    >>> from lnorm.cost import traffic
+    >>> nbytes = traffic("forward", "fused", rows=256, D=64, itemsize=4,
+    ...                  saved="x_mean_rstd").bytes
+    >>> nbytes  # x and y; gamma and beta; mean and rstd, float32 per row
+    133632
+    >>> ok, _ = available()
+    >>> try:
+    ...     result = benchmark(256, 64, "float32")
+    ... except RuntimeError as exc:  # no GPU
+    ...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
+    ... else:
+    ...     print(ok and result["bytes_forward"] == nbytes)
+    True
     """
     cp = _require_gpu()
     inp = {k: cp.asarray(v) for k, v in make_inputs(rows, D, dtype, seed).items()}

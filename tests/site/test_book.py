@@ -32,14 +32,16 @@ def test_every_toc_entry_is_a_built_page(doc):
 
 def executable_pages() -> list[str]:
     """Pages of ``_toc.yml`` whose source has code cells: the build runs them."""
-    return [d for d in toc_docnames() if "{code-cell}" in (ROOT / f"{d}.md").read_text()]
+    return [
+        d for d in toc_docnames() if "{code-cell}" in (ROOT / f"{d}.md").read_text()
+    ]
 
 
 def test_every_chapter_is_executable():
     # A chapter added to _toc.yml is checked below without editing this file.
-    assert {d for d in toc_docnames() if re.search(r"/0\d", d) and "references" not in d} <= set(
-        executable_pages()
-    )
+    assert {
+        d for d in toc_docnames() if re.search(r"/0\d", d) and "references" not in d
+    } <= set(executable_pages())
 
 
 @pytest.mark.parametrize("doc", executable_pages())
