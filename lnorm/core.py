@@ -548,7 +548,7 @@ def backward(
 
 # --- block sizes ------------------------------------------------------------------
 
-#: Bytes of float64 block temporaries :func:`tile_rows` aims for: well inside
+#: Bytes of float64 block temporaries :func:`tile_rows` aims for — well inside
 #: the last-level cache, and large enough that NumPy's per-call overhead
 #: (about a microsecond per operation) is small against a block's work.
 TILE_BYTES = 4 * 2**20

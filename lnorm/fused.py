@@ -83,13 +83,13 @@ __all__ = ["forward", "backward", "BLOCK_ROWS", "STREAM_BYTES"]
 #: Rows per block of the ``dgamma``/``dbeta`` partial sums.
 BLOCK_ROWS = 256
 
-#: Fast-math flags of the row loops: reassociation lets LLVM split a row's
+#: Fast-math flags of the row loops — reassociation lets LLVM split a row's
 #: sum over vector lanes (a fixed order for a given build); contraction lets
 #: it fuse a multiply and an add. Neither assumes finite values, so NaN and
 #: Inf propagate as in NumPy.
 FASTMATH = {"reassoc", "contract"}
 
-#: The loop that writes dx leaves contraction out: a fused multiply-add in
+#: The loop that writes dx leaves contraction out — a fused multiply-add in
 #: ``g - mean(g)`` would keep the rounding error of ``g = dy * gamma``, and a
 #: row of length one would get a nonzero ``dx``.
 FASTMATH_DX = {"reassoc"}
@@ -115,7 +115,7 @@ def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
     return max(sizes, default=default)
 
 
-#: Output bytes from which the loops write with streaming stores: four times
+#: Output bytes from which the loops write with streaming stores — four times
 #: the last-level cache, where none of the output can still be in cache when
 #: the next reader comes (smaller outputs are better left in cache).
 STREAM_BYTES = 4 * _last_level_cache_bytes()

@@ -1,4 +1,5 @@
-"""Tests for lnorm.gradcheck: each estimator on functions with known gradients,
+"""Tests for lnorm.gradcheck and lnorm.finitediff: each estimator on functions
+with known gradients,
 the three gradients of lnorm.backward, wrong gradients, inputs left unchanged,
 and clear errors for bad arguments."""
 
@@ -7,16 +8,14 @@ import pytest
 from reference import make_inputs
 
 import lnorm
-from lnorm import gradcheck
-from lnorm.gradcheck import (
+from lnorm import finitediff, gradcheck
+from lnorm.finitediff import (
     StepTooSmallError,
     central_difference,
-    check_gradients,
-    compare_gradients,
     complex_step,
-    directional_check,
     step_sweep,
 )
+from lnorm.gradcheck import check_gradients, compare_gradients, directional_check
 
 U64 = 2.0**-53
 
@@ -120,13 +119,13 @@ def test_central_difference_refuses_a_step_below_the_spacing():
 
 
 def test_default_step_and_tolerances():
-    assert gradcheck.unit_roundoff(np.float64) == U64
-    assert gradcheck.unit_roundoff(np.float32) == 2.0**-24
-    assert gradcheck.default_step("central", np.float64) == pytest.approx(
+    assert finitediff.unit_roundoff(np.float64) == U64
+    assert finitediff.unit_roundoff(np.float32) == 2.0**-24
+    assert finitediff.default_step("central", np.float64) == pytest.approx(
         U64 ** (1 / 3)
     )
-    assert gradcheck.default_step("central", np.float32) == pytest.approx(2.0 ** (-8))
-    assert gradcheck.default_step("complex") == 1e-30
+    assert finitediff.default_step("central", np.float32) == pytest.approx(2.0 ** (-8))
+    assert finitediff.default_step("complex") == 1e-30
     assert gradcheck.default_tolerance("central") == 1e-8
     assert gradcheck.default_tolerance("complex") == 1e-13
     assert gradcheck.default_tolerance("complex", directional=True) == 1e-12
@@ -374,7 +373,7 @@ def test_step_sweep_shows_the_u_curve_near_the_predicted_optimum(layernorm_case)
     arrays, dy, grads = layernorm_case
     hs = np.logspace(0, -12, 25)
     sweep = step_sweep(gradcheck.layernorm_loss(dy), arrays, hs, reference=grads)
-    assert gradcheck.default_step("central") == pytest.approx(U64 ** (1 / 3))
+    assert finitediff.default_step("central") == pytest.approx(U64 ** (1 / 3))
     assert 1e-7 <= sweep.best_h <= 1e-4
     assert sweep.best_rel_error < 1e-9
     # Both walls of the U: truncation on the right, rounding on the left.
@@ -567,7 +566,7 @@ def test_bad_tolerance_method_rng_and_sweep_arguments(ab):
 
 
 def test_relative_steps_scale_with_the_element():
-    steps = gradcheck.relative_steps(np.array([0.0, 0.5, -3.0, 1e6]), 1e-5)
+    steps = finitediff.relative_steps(np.array([0.0, 0.5, -3.0, 1e6]), 1e-5)
     np.testing.assert_allclose(steps, [1e-5, 1e-5, 3e-5, 10.0], rtol=1e-15)
 
 
@@ -579,7 +578,7 @@ def test_relative_steps_keep_large_float32_arguments_accurate():
     f = lambda v: (v * v).sum()  # noqa: E731  (float32 throughout)
     exact = 2 * a.astype(np.float64)
     assert rel_error(exact, central_difference(f, [a])[0]) < 1e-3
-    h = np.float32(gradcheck.default_step("central", np.float32))
+    h = np.float32(finitediff.default_step("central", np.float32))
     absolute = []
     for i in range(3):
         up, down = a.copy(), a.copy()

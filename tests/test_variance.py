@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from lnorm import variance
-from lnorm.gradcheck import unit_roundoff
+from lnorm.finitediff import unit_roundoff
 from lnorm.variance import (
     ALGORITHMS,
     RowStats,

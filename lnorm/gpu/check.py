@@ -33,7 +33,7 @@ __all__ = [
     "summation_depth", "error_bounds", "offset_errors",
 ]
 
-#: ``(rows, D)`` at which the book and the tests check the kernels: between
+#: ``(rows, D)`` at which the book and the tests check the kernels — between
 #: them every kernel variant (tests/test_gpu.py asserts it), warp and block
 #: per row, ``D`` a multiple of the vector width (512, 8192, 64) and not (7,
 #: 513, 1027, 4099), up to the longest row, and many short rows.

@@ -54,7 +54,7 @@ from .kernels import (
 __all__ = ["HEADER", "SANITIZE", "available", "build", "HostLayerNorm", "sanitizer_env",
            "run_in_subprocess", "selftest"]
 
-#: The header that maps CUDA onto the host: threads, barriers, warp shuffles.
+#: The header that maps CUDA onto the host — threads, barriers, warp shuffles.
 HEADER = Path(__file__).resolve().parent / "host" / "cuda_host.h"
 #: No contraction into fused multiply-adds (as ``--fmad=false`` on the GPU).
 BASE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-pthread", "-ffp-contract=off",

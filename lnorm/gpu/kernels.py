@@ -44,26 +44,26 @@ __all__ = [
     "check_backward_args",
 ]
 
-#: The directory of the ``.cu`` files: this package's own.
+#: The directory of the ``.cu`` files — this package's own.
 SOURCE_DIR = Path(__file__).resolve().parent
 COMMON_FILE = "layernorm_common.cu"
 #: The kernel files, each compiled as one NVRTC program.
 KERNEL_FILES = ("layernorm_forward.cu", "layernorm_backward.cu")
-#: ``--fmad=false``: no multiply-add contraction, and ``-ftz=false``: subnormal
+#: ``--fmad=false`` — no multiply-add contraction, and ``-ftz=false``: subnormal
 #: numbers kept, so every float32 operation rounds exactly as NumPy's does in
 #: :mod:`lnorm.gpu.emulate`. The kernels are memory-bound: the extra
 #: instructions cost no time.
 COMPILE_OPTIONS = ("--fmad=false", "-ftz=false", "-std=c++17")
 #: Architectures the PTX is generated and inspected for (A100, H100).
 ARCHS = ("sm_80", "sm_90")
-#: Backward: every row group takes a strip of at least this many rows (the
+#: Backward — every row group takes a strip of at least this many rows (the
 #: last strip may be shorter), so the (row_groups, D) float32 partial sums of
 #: dgamma and dbeta (written once, read once) add about 2 * 2 * 4 / 16 = 1 byte
 #: per element to the traffic at most
 #: (:attr:`lnorm.gpu.kernels.LaunchPlan.partials_bytes`); and there are at
 #: most MAX_ROW_GROUPS row groups.
 MIN_ROWS_PER_GROUP = 16
-#: Backward: the most row groups (warps or blocks) a launch has.
+#: Backward — the most row groups (warps or blocks) a launch has.
 MAX_ROW_GROUPS = 4096
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}

@@ -54,13 +54,13 @@ __all__ = [
     "time_rungs", "large_rows_check", "launch_only", "measure", "main",
 ]
 
-#: The timed shapes: 8192 rows of the widths of common transformers.
+#: The timed shapes — 8192 rows of the widths of common transformers.
 SHAPES = tuple((8192, D) for D in (768, 1024, 4096, 8192, 12288))
 #: The storage types every shape is timed and checked in.
 DTYPES = ("float32", "float16")
 #: Problems smaller than this (bytes the op moves) are timed with L2 flushed.
 L2_FLUSH_BELOW = 200 * 2**20
-#: The copy yardstick: a device-to-device copy of this many bytes.
+#: The copy yardstick — a device-to-device copy of this many bytes.
 COPY_BYTES = 2**30
 
 

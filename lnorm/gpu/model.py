@@ -96,7 +96,7 @@ class Device:
     launch_overhead: float = 2e-6  # s per kernel launch, back to back
 
 
-#: An H100 SXM: 132 SMs, 3.0 TB/s copy bandwidth (as measured on one), 0.6 us
+#: An H100 SXM — 132 SMs, 3.0 TB/s copy bandwidth (as measured on one), 0.6 us
 #: DRAM latency under load, 0.25 us per block reduction, 0.05 us per warp one.
 H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6,
               block_reduction=0.25e-6, warp_reduction=0.05e-6)
