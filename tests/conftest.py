@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import reference
 from hypothesis import HealthCheck, settings
 
+import lnorm
 from lnorm import bench
 
 #: The test defaults for the parameters' spread (as tests/reference.py).
@@ -77,3 +79,18 @@ def layouts(a: np.ndarray) -> dict[str, np.ndarray]:
 def rng() -> np.random.Generator:
     """A NumPy generator with a fixed seed: the same draws in every test that asks."""
     return np.random.default_rng(20240607)
+
+
+# Shared by the tests of lnorm.finitediff and lnorm.gradcheck.
+@pytest.fixture
+def ab():
+    rng = np.random.default_rng(10)
+    return [rng.normal(size=(3, 4)), rng.normal(0.0, 0.5, size=(3, 4))]
+
+
+@pytest.fixture
+def layernorm_case():
+    """(2, 3, 8) with gamma far from 1 and nonzero beta, and its gradients."""
+    x, gamma, beta, dy = reference.make_inputs((2, 3, 8), seed=11)
+    grads = lnorm.backward(dy, lnorm.forward(x, gamma, beta)[1])
+    return [x, gamma, beta], dy, list(grads)

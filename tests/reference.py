@@ -91,3 +91,29 @@ def assert_within_rounding_of_terms(dy, cache, ref, got, dx_factor, param_factor
     ]:
         ulp = np.spacing(np.abs(r)).astype(np.float64)
         assert np.all(np.abs(g.astype(np.float64) - r) <= ulp + param_factor * terms)
+
+
+# --- functions with known gradients (tests of finitediff and gradcheck) -------
+
+
+def cubic(a, b):
+    """A polynomial of degree three: sum(a**2 * b) + sum(b**3)."""
+    return (a * a * b).sum() + (b * b * b).sum()
+
+
+def cubic_grad(a, b):
+    return [2 * a * b, a * a + 3 * b * b]
+
+
+def smooth(a, b):
+    """Not a polynomial: sum(sin(a) exp(b)) + sum(log(1 + a**2)); complex-safe."""
+    return (np.sin(a) * np.exp(b)).sum() + np.log(1 + a * a).sum()
+
+
+def smooth_grad(a, b):
+    return [np.cos(a) * np.exp(b) + 2 * a / (1 + a * a), np.sin(a) * np.exp(b)]
+
+
+def rel_error(g, r):
+    """The chapter's relative error, computed independently of the module."""
+    return np.abs(g - r).max() / max(np.abs(g).max(), np.abs(r).max())

@@ -1,16 +1,14 @@
-"""Tests for lnorm.gradcheck and lnorm.finitediff: each estimator on functions
-with known gradients,
-the three gradients of lnorm.backward, wrong gradients, inputs left unchanged,
-and clear errors for bad arguments."""
+"""Tests for lnorm.gradcheck: the three gradients of lnorm.backward, wrong
+gradients, the report, inputs left unchanged, and clear errors for bad
+arguments. The estimates themselves are tested in test_finitediff.py."""
 
 import numpy as np
 import pytest
-from reference import make_inputs
+from reference import smooth, smooth_grad
 
 import lnorm
 from lnorm import finitediff, gradcheck
 from lnorm.finitediff import (
-    StepTooSmallError,
     central_difference,
     complex_step,
     step_sweep,
@@ -18,46 +16,6 @@ from lnorm.finitediff import (
 from lnorm.gradcheck import check_gradients, compare_gradients, directional_check
 
 U64 = 2.0**-53
-
-
-# --- functions with known gradients ---------------------------------------------
-
-
-def cubic(a, b):
-    """A polynomial of degree three: sum(a**2 * b) + sum(b**3)."""
-    return (a * a * b).sum() + (b * b * b).sum()
-
-
-def cubic_grad(a, b):
-    return [2 * a * b, a * a + 3 * b * b]
-
-
-def smooth(a, b):
-    """Not a polynomial: sum(sin(a) exp(b)) + sum(log(1 + a**2)); complex-safe."""
-    return (np.sin(a) * np.exp(b)).sum() + np.log(1 + a * a).sum()
-
-
-def smooth_grad(a, b):
-    return [np.cos(a) * np.exp(b) + 2 * a / (1 + a * a), np.sin(a) * np.exp(b)]
-
-
-def rel_error(g, r):
-    """The chapter's relative error, computed independently of the module."""
-    return np.abs(g - r).max() / max(np.abs(g).max(), np.abs(r).max())
-
-
-@pytest.fixture
-def ab():
-    rng = np.random.default_rng(10)
-    return [rng.normal(size=(3, 4)), rng.normal(0.0, 0.5, size=(3, 4))]
-
-
-@pytest.fixture
-def layernorm_case():
-    """(2, 3, 8) with gamma far from 1 and nonzero beta, and its gradients."""
-    x, gamma, beta, dy = make_inputs((2, 3, 8), seed=11)
-    grads = lnorm.backward(dy, lnorm.forward(x, gamma, beta)[1])
-    return [x, gamma, beta], dy, list(grads)
 
 
 def sign_bug(grads, arrays, dy):
@@ -68,55 +26,6 @@ def sign_bug(grads, arrays, dy):
     g = gamma * dy
     wrong = grads[0] + 2 * rstd * xhat * (g * xhat).mean(axis=-1, keepdims=True)
     return [wrong, grads[1], grads[2]]
-
-
-# --- central differences ----------------------------------------------------------
-
-
-@pytest.mark.parametrize("f, grad", [(cubic, cubic_grad), (smooth, smooth_grad)])
-def test_central_difference_matches_known_gradients(ab, f, grad):
-    est = central_difference(f, ab)
-    for e, g in zip(est, grad(*ab)):
-        assert e.shape == g.shape and e.dtype == np.float64
-        assert rel_error(g, e) < 1e-9
-
-
-def test_central_difference_error_falls_as_h_squared():
-    a = [np.array([0.3, 1.1, -0.7])]
-    exact = np.cos(a[0])
-    err = [
-        np.abs(central_difference(lambda v: np.sin(v).sum(), a, h)[0] - exact).max()
-        for h in (1e-2, 1e-3)
-    ]
-    # Truncation h**2 |sin'''| / 6: a tenth of the step, a hundredth of the error.
-    assert 80 < err[0] / err[1] < 120
-
-
-def test_central_difference_is_exact_for_a_quadratic_even_with_a_large_step():
-    # The h**2 term needs a third derivative; a one-sided quotient would be off by h/2 *
-    # f''.
-    a = [np.array([0.5, -2.0, 3.0])]
-    est = central_difference(lambda v: (v * v).sum(), a, h=0.5)[0]
-    np.testing.assert_allclose(est, 2 * a[0], rtol=0, atol=1e-14)
-
-
-def test_central_difference_divides_by_the_step_actually_taken():
-    # In float32, a + h is rounded; dividing by 2h instead would not give exactly 1.
-    a = [np.array([1.1, 3.7, 100.3], dtype=np.float32)]
-    est = central_difference(lambda v: v.astype(np.float64).sum(), a, h=1e-3)[0]
-    assert np.all(est == 1.0)
-    naive = (
-        np.float64(a[0] + np.float32(1e-3)) - np.float64(a[0] - np.float32(1e-3))
-    ) / 2e-3
-    assert np.any(naive != 1.0)  # the correction matters for these values
-
-
-def test_central_difference_refuses_a_step_below_the_spacing():
-    a = [np.array([1.0, 2.0], dtype=np.float32)]
-    with pytest.raises(StepTooSmallError, match="rounds to a"):
-        central_difference(lambda v: v.sum(), a, h=1e-12)
-    assert issubclass(StepTooSmallError, ValueError)
-
 
 def test_default_step_and_tolerances():
     assert finitediff.unit_roundoff(np.float64) == U64
@@ -129,51 +38,6 @@ def test_default_step_and_tolerances():
     assert gradcheck.default_tolerance("central") == 1e-8
     assert gradcheck.default_tolerance("complex") == 1e-13
     assert gradcheck.default_tolerance("complex", directional=True) == 1e-12
-
-
-# --- complex step --------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("f, grad", [(cubic, cubic_grad), (smooth, smooth_grad)])
-def test_complex_step_matches_known_gradients_to_machine_precision(ab, f, grad):
-    for e, g in zip(complex_step(f, ab), grad(*ab)):
-        assert rel_error(g, e) < 8 * U64
-
-
-def test_complex_step_does_not_depend_on_a_tiny_h(ab):
-    ref = complex_step(smooth, ab, h=1e-30)
-    for h in (1e-100, 1e-200):
-        for e, r in zip(complex_step(smooth, ab, h=h), ref):
-            assert rel_error(r, e) < 4 * U64
-
-
-def test_complex_step_refuses_a_loss_that_drops_the_imaginary_part(ab):
-    with pytest.raises(TypeError, match="complex-safe"):
-        complex_step(lambda a, b: (np.abs(a) ** 2).sum() + b.sum(), ab)
-
-
-@pytest.mark.parametrize("layout", ["fortran", "strided"])
-def test_estimates_do_not_depend_on_the_memory_layout(layout):
-    # The perturbed copy must be the array f sees, whatever the caller's layout.
-    base = np.random.default_rng(9).normal(size=(3, 8))
-    a = np.asfortranarray(base) if layout == "fortran" else base[:, ::2]
-    exact = np.cos(a)
-    f = lambda v: np.sin(v).sum()  # noqa: E731
-    assert rel_error(exact, complex_step(f, [a])[0]) < 4 * U64
-    assert rel_error(exact, central_difference(f, [a])[0]) < 1e-9
-
-
-def test_complex_step_on_float32_inputs_uses_complex64():
-    a = [np.array([0.3, -1.2, 2.0], dtype=np.float32)]
-    seen = []
-
-    def f(v):
-        seen.append(v.dtype)
-        return np.sin(v).sum()
-
-    est = complex_step(f, a)[0]
-    assert set(seen) == {np.dtype(np.complex64)}
-    assert rel_error(np.cos(a[0].astype(np.float64)), est) < 1e-6
 
 
 # --- the three gradients of lnorm.backward --------------------------------------------
@@ -366,45 +230,6 @@ def test_repr_states_the_verdict_the_tolerance_and_the_denominator(layernorm_cas
     assert "PASS" in repr(d) and "2 evaluations" in repr(d)
 
 
-# --- the step sweep -------------------------------------------------------------------
-
-
-def test_step_sweep_shows_the_u_curve_near_the_predicted_optimum(layernorm_case):
-    arrays, dy, grads = layernorm_case
-    hs = np.logspace(0, -12, 25)
-    sweep = step_sweep(gradcheck.layernorm_loss(dy), arrays, hs, reference=grads)
-    assert finitediff.default_step("central") == pytest.approx(U64 ** (1 / 3))
-    assert 1e-7 <= sweep.best_h <= 1e-4
-    assert sweep.best_rel_error < 1e-9
-    # Both walls of the U: truncation on the right, rounding on the left.
-    assert sweep.max_rel_error[0] > 1e4 * sweep.best_rel_error
-    assert sweep.max_rel_error[-1] > 1e3 * sweep.best_rel_error
-
-
-def test_step_sweep_default_reference_is_the_complex_step(layernorm_case):
-    arrays, dy, grads = layernorm_case
-    hs = [1e-2, 1e-5]
-    loss = gradcheck.layernorm_loss(dy)
-    default = step_sweep(loss, arrays, hs)
-    explicit = step_sweep(loss, arrays, hs, reference=grads)
-    np.testing.assert_allclose(
-        default.max_rel_error, explicit.max_rel_error, rtol=1e-3, atol=1e-14
-    )
-
-
-def test_step_sweep_in_float32_marks_too_small_steps_as_nan(layernorm_case):
-    arrays, dy, grads = layernorm_case
-    arrays32 = [a.astype(np.float32) for a in arrays]
-    hs = np.array([1e-2, 1e-4, 1e-12])
-    sweep = step_sweep(
-        gradcheck.layernorm_loss(dy.astype(np.float32)), arrays32, hs, reference=grads
-    )
-    assert np.isnan(sweep.max_rel_error[-1])
-    assert np.all(np.isfinite(sweep.max_rel_error[:2]))
-    assert sweep.best_h == 1e-2  # near u32**(1/3) = 3.9e-3, not at the small step
-    assert sweep.dtype == np.float32
-
-
 # --- inputs are never modified --------------------------------------------------------
 
 
@@ -560,29 +385,3 @@ def test_bad_tolerance_method_rng_and_sweep_arguments(ab):
         step_sweep(smooth, ab, [1e-3, 0.0])
     with pytest.raises(ValueError, match="names has 1 entries"):
         check_gradients(smooth, g, ab, names=("a",))
-
-
-# --- relative steps -------------------------------------------------------------------
-
-
-def test_relative_steps_scale_with_the_element():
-    steps = finitediff.relative_steps(np.array([0.0, 0.5, -3.0, 1e6]), 1e-5)
-    np.testing.assert_allclose(steps, [1e-5, 1e-5, 3e-5, 10.0], rtol=1e-15)
-
-
-def test_relative_steps_keep_large_float32_arguments_accurate():
-    # At |a| ~ 1e4 a float32 loss sum(a**2) ~ 5e8 rounds to about 32, so an
-    # absolute step of u32**(1/3) = 3.9e-3 leaves a rounding error of order
-    # 32 / 8e-3 in the quotient; the relative step 39 keeps it below 1.
-    a = np.array([1.0e4, -2.0e4, 3.0], dtype=np.float32)
-    f = lambda v: (v * v).sum()  # noqa: E731  (float32 throughout)
-    exact = 2 * a.astype(np.float64)
-    assert rel_error(exact, central_difference(f, [a])[0]) < 1e-3
-    h = np.float32(finitediff.default_step("central", np.float32))
-    absolute = []
-    for i in range(3):
-        up, down = a.copy(), a.copy()
-        up[i] += h
-        down[i] -= h
-        absolute.append((float(f(up)) - float(f(down))) / float(up[i] - down[i]))
-    assert rel_error(exact, np.array(absolute)) > 1e-2  # why the step is relative
