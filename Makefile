@@ -17,11 +17,11 @@ LAB_ARGS ?=
 # Jupyter refuses to run as root (containers) unless told to.
 ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root)
 
-.PHONY: help book test lab clean lint unit slow site-tests
+.PHONY: help book test lab clean lint unit slow site-tests lab-tests
 
 help:
 	@echo "make book   install into $(VENV) and build the site ($(HTML))"
-	@echo "make test   install; lint, unit and doctests, slow tests, the book, the built site"
+	@echo "make test   install; lint, unit and doctests, slow tests, the book, the built site, the chapters in JupyterLab"
 	@echo "make lab    open the chapters as notebooks in JupyterLab"
 	@echo "make clean  remove $(VENV), _build and caches"
 
@@ -48,30 +48,37 @@ book: $(STAMP)
 	$(VENV)/bin/jupyter-book build . --all -n -W --keep-going 2>&1 | tee _build/build.log
 	@echo "Built: $(CURDIR)/$(HTML)"
 
-# ruff, configured in pyproject.toml, over the package and the tests.
+# ruff, configured in pyproject.toml, over the package, the tests and the book's hooks.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lnorm tests benchmarks
+	$(VENV)/bin/ruff check lnorm tests benchmarks book/_ext
 
 # The unit and property tests, and every docstring example of the package.
 unit: $(STAMP)
-	$(PY) -m pytest -m "not built_book and not slow" -q --durations=15 \
+	$(PY) -m pytest -m "not built_book and not slow and not lab" -q --durations=15 \
 		--doctest-modules lnorm tests
 
 # Sanitizer runs of the CUDA sources on the CPU, and their negative controls.
 slow: $(STAMP)
 	$(PY) -m pytest -m slow -q --durations=10
 
-# The built site: pages in headless Chromium (tests/test_site.py), links, numbering.
+# The built site: pages in headless Chromium (tests/site), links, numbering.
 site-tests: $(STAMP)
 	$(PY) -m pytest -m built_book -q --durations=10
 
-# In this order, also under `make -j`: unit tests, slow tests, the book, the site.
+# The chapters run in JupyterLab, as a learner runs them (tests/lab).
+lab-tests: $(STAMP)
+	$(PY) -m pytest tests/lab -m lab -q --durations=5 -p no:cacheprovider
+
+# In this order, also under `make -j`: unit tests, slow tests, the book, then the
+# site and the chapters in JupyterLab.
 test: $(STAMP)
 	$(MAKE) --no-print-directory lint
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory slow
 	$(MAKE) --no-print-directory book
-	$(MAKE) --no-print-directory site-tests
+	@# Side by side: JupyterLab's kernel runs the chapters on one core while
+	@# Chromium checks the site's pages on another. Each prints when it ends.
+	$(MAKE) --no-print-directory -j2 --output-sync=target site-tests lab-tests
 
 $(LAB_SETTINGS): $(STAMP) Makefile
 	mkdir -p $(@D)

@@ -1,22 +1,32 @@
-r"""Numbers for the book's prose: one glue helper, one number format, one table.
+r"""Numbers for the book's prose: inline values, one number format, one table.
 
-Every number a chapter quotes comes from a cell. The cell hands it to the
-text with :func:`glue`, inside a cell tagged ``remove-cell``, and the prose
-shows it with a MyST-NB role:
+Every number a chapter quotes comes from a cell. The prose shows it with MyST's
+inline role ``{eval}`expression```, evaluated in the chapter's kernel:
 
-* a plain number, formatted by the role: ``{glue:text}`name:.2f```;
-* a number in scientific notation, typeset as a × 10^k: glue ``sci(value)``
-  and write ``{glue}`name```. It renders as ``$1.2 \times 10^{-5}$`` (the
-  book sets ``nb_render_markdown_format: myst``, so the math is typeset), and
-  as ``1.2 × 10⁻⁵`` wherever only plain text is shown.
+* a plain number, formatted by the expression: ``{eval}`f"{ratio:.1f}"```;
+* a number in scientific notation, as a × 10^k: ``{eval}`sci(err, 1)```.
+  The site typesets it as math, ``$1.2 \times 10^{-5}$`` (the book sets
+  ``nb_render_markdown_format: myst``); JupyterLab shows it as text in the
+  line, ``1.2 × 10⁻⁵``.
+
+An expression gives text, a Python ``int`` or a :class:`Sci`; a bare float
+would show all its digits (``np.float64(0.30000000000000004)``), so it is
+refused (see :func:`inline`).
+
+In JupyterLab, jupyterlab-myst evaluates the roles when a Markdown cell runs.
+For the site, the book's Sphinx hook (``book/_ext/lnorm_eval.py``) puts a
+hidden cell before each such Markdown cell that evaluates the same expressions
+at the same point and hands them to MyST-NB with :func:`glue`; chapters do not
+call it themselves.
 
 Measurements that the prose does not quote go into one collapsed table per
 section, made by :func:`table` in a cell tagged ``remove-input``.
 
 Example, in a chapter::
 
-    from lnorm.prose import glue, sci, table
-    glue(err=sci(3.2e-7), ratio=2.5)        # {glue}`err`, {glue:text}`ratio:.1f`
+    from lnorm.prose import sci, table
+    err, ratio = 3.2e-7, 2.5
+    # prose: the error is {eval}`sci(err, 1)`, {eval}`f"{ratio:.1f}"` times less
     table(["offset", "error"], [[1e4, 3.2e-7], [1e6, 4.1e-7]])
 
 This module imports MyST-NB only when :func:`glue` is called, so ``lnorm``
@@ -24,9 +34,11 @@ itself does not need the book's packages.
 
 Examples
 --------
->>> from lnorm.prose import sci, table
+>>> from lnorm.prose import inline, sci, table
 >>> str(sci(3.2e-7))
 '3.2 × 10⁻⁷'
+>>> inline(f"{2.5:.1f}"), inline(sci(3.2e-7))
+(2.5, 3.2 × 10⁻⁷)
 >>> table(["offset", "error"], [[1e4, 3.2e-7], [1e6, 4.1e-7]]).text()
 [['10⁴', '3.20 × 10⁻⁷'], ['10⁶', '4.10 × 10⁻⁷']]
 """
@@ -38,7 +50,7 @@ import math
 import numbers
 from collections.abc import Iterable, Sequence
 
-__all__ = ["Sci", "sci", "glue", "table", "Table"]
+__all__ = ["Sci", "sci", "Inline", "Typeset", "inline", "glue", "table", "Table"]
 
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
@@ -46,9 +58,10 @@ _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 class Sci:
     r"""A number to be typeset as ``a × 10^k``.
 
-    Built by :func:`sci`. Its Markdown form is inline math,
-    ``$a \times 10^{k}$``; its plain-text form uses Unicode,
-    ``a × 10ᵏ``, so a notebook output shows the same number readably.
+    Built by :func:`sci`. It shows as Unicode text, ``a × 10ᵏ``: that is
+    what JupyterLab puts into a sentence for ``{eval}`sci(x)```, in line
+    with the words. On the site the prose typesets it as math,
+    ``$a \times 10^{k}$`` (see :func:`inline`).
     A mantissa of exactly one is dropped (``10⁻⁵``, not ``1.0 × 10⁻⁵``);
     numbers with ``k = 0``, zero, NaN and infinities print plainly.
 
@@ -80,15 +93,15 @@ class Sci:
     See Also
     --------
     sci : The function the chapters call.
-    glue : Hands a Sci to the prose.
+    inline : Checks a value the prose shows.
 
     Examples
     --------
     >>> n = Sci(-0.00031416, digits=3)
     >>> n.mantissa, n.exponent, str(n), float(n)
     ('-3.14', -4, '-3.14 × 10⁻⁴', -0.00031416)
-    >>> print(n._repr_markdown_())
-    $-3.14 \times 10^{-4}$
+    >>> print(n.latex())
+    -3.14 \times 10^{-4}
     """
 
     def __init__(self, value: float, digits: int = 2) -> None:
@@ -169,11 +182,6 @@ class Sci:
     def __float__(self) -> float:
         return self.value
 
-    def _repr_markdown_(self) -> str:
-        return f"${self.latex()}$"
-
-    def _repr_latex_(self) -> str:
-        return f"${self.latex()}$"
 
 
 def sci(value: float, digits: int = 2) -> Sci:
@@ -189,7 +197,7 @@ def sci(value: float, digits: int = 2) -> Sci:
     Returns
     -------
     Sci
-        Glue it with :func:`glue` and show it with ``{glue}`name```.
+        Show it in the prose with ``{eval}`sci(value)```.
 
     Raises
     ------
@@ -215,18 +223,103 @@ def sci(value: float, digits: int = 2) -> Sci:
     return Sci(value, digits)
 
 
-def glue(**values: object) -> None:
-    r"""Hand values to the prose of the page, without displaying them.
+class Typeset:
+    r"""A :class:`Sci` for the site's prose: inline math in Markdown.
 
-    Each keyword becomes a MyST-NB glue name. Call it in a cell tagged
-    ``remove-cell``: the bookkeeping stays out of the reader's sight.
+    Built by :func:`inline`. MyST-NB pastes its Markdown form,
+    ``$a \times 10^{k}$``, into the sentence, where MathJax typesets it; its
+    ``repr`` is the Unicode form of the number.
+
+    Examples
+    --------
+    >>> t = Typeset(sci(2.5e-7))
+    >>> t, t._repr_markdown_()
+    (2.5 × 10⁻⁷, '$2.5 \\times 10^{-7}$')
+    """
+
+    def __init__(self, number: Sci) -> None:
+        self.number = number
+
+    def __repr__(self) -> str:
+        return str(self.number)
+
+    def _repr_markdown_(self) -> str:
+        return f"${self.number.latex()}$"
+
+
+class Inline(str):
+    """Text shown inline as it is: its ``repr`` has no quotes.
+
+    Built by :func:`inline`. A notebook shows a value by its ``repr``; for a
+    ``str`` that adds quotes, which MyST-NB would print into the prose.
+
+    Examples
+    --------
+    >>> Inline("2.5")
+    2.5
+    """
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def inline(value: object) -> Inline | Typeset:
+    r"""Check a value the prose shows, and return it ready to be shown.
+
+    Parameters
+    ----------
+    value : str, int or Sci
+        What an ``{eval}`` expression gave: text (an f-string formats a
+        number, ``f"{x:.2f}"``), a Python ``int`` or a :class:`Sci`.
+
+    Returns
+    -------
+    Inline or Typeset
+        ``Inline`` for text and integers; a ``Sci`` becomes ``Typeset``,
+        inline math on the site.
+
+    Raises
+    ------
+    TypeError
+        Anything else: a float, a NumPy scalar or array would show its
+        ``repr``, all digits and a type name; the message says how to format it.
+
+    See Also
+    --------
+    sci : Numbers typeset as a × 10^k.
+
+    Examples
+    --------
+    >>> inline(1024), inline("float32"), inline(sci(1e-5))
+    (1024, float32, 10⁻⁵)
+    >>> inline(0.1 + 0.2)
+    Traceback (most recent call last):
+    ...
+    TypeError: inline: a float shows all its digits; format it, as f"{x:.3g}" or sci(x)
+    """
+    if isinstance(value, Sci):
+        return Typeset(value)
+    if isinstance(value, str):
+        return Inline(value)
+    if type(value) is int:
+        return Inline(str(value))
+    raise TypeError(
+        f"inline: a {type(value).__name__} shows all its digits; "
+        'format it, as f"{x:.3g}" or sci(x)'
+    )
+
+
+def glue(**values: object) -> None:
+    r"""Hand the values of ``{eval}`` roles to MyST-NB, without displaying them.
+
+    The book's Sphinx hook (``book/_ext/lnorm_eval.py``) calls it in a hidden
+    cell it puts before each Markdown cell with ``{eval}`` roles; chapters
+    write ``{eval}`` and never call it.
 
     Parameters
     ----------
     **values
-        ``name=value`` pairs. NumPy scalars are stored as Python numbers, so
-        that ``{glue:text}`name:.3g``` formats them; :class:`Sci` values are
-        shown with ``{glue}`name```.
+        ``name=value`` pairs; each value must pass :func:`inline`.
 
     Returns
     -------
@@ -234,31 +327,25 @@ def glue(**values: object) -> None:
 
     Raises
     ------
+    TypeError
+        A value that :func:`inline` refuses: the build stops at the cell.
     ModuleNotFoundError
         MyST-NB is not installed (it comes with the book's requirements).
 
     See Also
     --------
-    sci : Numbers typeset as a × 10^k.
-    table : Measurements the prose does not quote.
+    inline : What a value may be.
 
     Examples
     --------
-    In a chapter's ``remove-cell`` cell (outside a notebook nothing is
-    shown):
+    Outside a notebook nothing is shown:
 
-    >>> import numpy as np
-    >>> glue(eps=sci(1e-5), D=np.int64(1024))
+    >>> glue(eps=sci(1e-5), D=1024, name=f"{0.5:.2f}")
     """
     from myst_nb import glue as _myst_glue
 
     for name, value in values.items():
-        plain = isinstance(value, (bool, int, float))
-        if isinstance(value, numbers.Number) and not plain:
-            # NumPy scalars: their repr ("np.float64(0.5)") would break the
-            # format spec of a glue:text role.
-            value = value.item() if hasattr(value, "item") else float(value)
-        _myst_glue(name, value, display=False)
+        _myst_glue(name, inline(value), display=False)
 
 
 def _cell(value: object, digits: int) -> str:
@@ -418,7 +505,7 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]],
     See Also
     --------
     Table : The class, with its HTML and plain-text forms.
-    glue : For the numbers the prose quotes instead.
+    inline : For the numbers the prose quotes instead.
 
     Examples
     --------

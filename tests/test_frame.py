@@ -2,11 +2,12 @@
 
 Over the sources (no build needed):
 
-* a visible code cell has no line over 79 characters and no ``glue(`` call
-  (bookkeeping goes into cells tagged ``remove-cell``);
+* a visible code cell has no line over 79 characters;
+* the prose shows numbers with ``{eval}`` only: no ``glue(`` call, no
+  ``{glue}`` role (the book's build turns ``{eval}`` into glue itself);
 * no ``{code-cell}`` sits inside a ``{solution}`` directive, where Jupyter
   Book drops it silently (use ``solution-start`` / ``solution-end``);
-* the prose quotes at most 25 glued values.
+* the prose quotes at most 25 computed values.
 
 Over the built site (marker ``built_book``):
 
@@ -45,8 +46,9 @@ def is_chapter(doc: str) -> bool:
 NOT_YET_CONVERTED: set[str] = set()
 
 MAX_LINE = 79
-MAX_GLUE_ROLES = 25
+MAX_PROSE_VALUES = 25
 HIDDEN_TAGS = {"remove-cell", "remove-input"}
+EVAL_ROLE = re.compile(r"(?<!`)\{eval\}`")
 GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`")
 
 
@@ -120,13 +122,52 @@ def test_visible_code_lines_fit_the_page(doc):
 
 
 @pytest.mark.parametrize("doc", converted())
-def test_no_glue_in_visible_cells(doc):
-    shown = [
-        i for i, source in visible_code_cells(read_notebook(doc)) if "glue(" in source
+def test_numbers_reach_the_prose_through_eval_only(doc):
+    # Glue shows in JupyterLab as a bare name; {eval} shows the value there and,
+    # through book/_ext/lnorm_eval.py, on the site.
+    nb = read_notebook(doc)
+    code = [(i, c.source) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+    calls = [i for i, source in code if "glue(" in source]
+    roles = [
+        m.group(0)
+        for c in nb.cells
+        if c.cell_type == "markdown"
+        for m in GLUE_ROLE.finditer(c.source)
     ]
-    assert not shown, (
-        f"{doc}: cells {shown} show a glue( call; move it to a cell tagged remove-cell"
+    assert not calls, f"{doc}: cells {calls} call glue(; write {{eval}} in the prose"
+    assert not roles, f"{doc}: glue roles {roles} in the prose; use {{eval}}"
+
+
+@pytest.mark.parametrize("doc", converted())
+def test_cells_the_site_hides_are_collapsed_in_the_notebook(doc):
+    # JupyterLab reads jupyter.source_hidden; it knows nothing of the site's tags.
+    nb = read_notebook(doc)
+    hidden_on_site = {
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        and set(c.metadata.get("tags", [])) & (HIDDEN_TAGS | {"hide-input"})
+    }
+    in_solutions = {i for cells in gated_solution_cells(nb.cells) for i in cells}
+    assert in_solutions, f"{doc}: no gated solution with code"
+    open_ = sorted(
+        i
+        for i in hidden_on_site | in_solutions
+        if not nb.cells[i].metadata.get("jupyter", {}).get("source_hidden")
     )
+    assert not open_, (
+        f"{doc}: cells {open_} are hidden on the site or part of a solution; "
+        "add :jupyter: {source_hidden: true}"
+    )
+    # A Markdown cell collapsed this way opens on Run All (JupyterLab renders
+    # it): a solution's explanation goes into its solution-start directive.
+    md = [
+        i
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "markdown"
+        and c.metadata.get("jupyter", {}).get("source_hidden")
+    ]
+    assert not md, f"{doc}: Markdown cells {md} collapsed by metadata"
 
 
 @pytest.mark.parametrize("doc", chapters())
@@ -142,13 +183,13 @@ def test_no_code_cell_inside_a_solution_directive(doc):
 
 
 @pytest.mark.parametrize("doc", converted())
-def test_prose_quotes_few_glued_values(doc):
+def test_prose_quotes_few_computed_values(doc):
     nb = read_notebook(doc)
     roles = sum(
-        len(GLUE_ROLE.findall(c.source)) for c in nb.cells if c.cell_type == "markdown"
+        len(EVAL_ROLE.findall(c.source)) for c in nb.cells if c.cell_type == "markdown"
     )
-    assert roles <= MAX_GLUE_ROLES, (
-        f"{doc}: {roles} glued values in the prose (at most {MAX_GLUE_ROLES}); "
+    assert 0 < roles <= MAX_PROSE_VALUES, (
+        f"{doc}: {roles} computed values in the prose (1 to {MAX_PROSE_VALUES}); "
         "put the rest in a figure or a Measurements table"
     )
 

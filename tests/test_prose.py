@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from lnorm.prose import Sci, sci, table
+from lnorm.prose import Inline, Sci, Typeset, glue, inline, sci, table
 
 
 @pytest.mark.parametrize(
@@ -26,7 +26,8 @@ def test_sci_typesets_a_times_ten_to_the_k(value, digits, latex, text):
     s = sci(value, digits)
     assert s.latex() == latex
     assert str(s) == text
-    assert s._repr_markdown_() == f"${latex}$"
+    assert Typeset(s)._repr_markdown_() == f"${latex}$"
+    assert not hasattr(s, "_repr_markdown_")  # JupyterLab shows the text
 
 
 def test_sci_keeps_the_value_and_accepts_numpy_scalars():
@@ -69,3 +70,49 @@ def test_table_escapes_html_and_checks_row_length():
     assert "&lt;b&gt;" in table(["<b>"], [["x"]])._repr_html_()
     with pytest.raises(ValueError, match="2 cells, but there are 1 columns"):
         table(["a"], [[1, 2]])
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [(f"{2.0 / 3:.2f}", "0.67"), ("float16", "float16"), (1024, "1024"), (-3, "-3")],
+)
+def test_inline_shows_text_and_integers_without_quotes(value, shown):
+    out = inline(value)
+    assert isinstance(out, Inline) and repr(out) == shown == str(out)
+
+
+def test_inline_typesets_a_sci_for_the_site():
+    s = sci(3.2e-7)
+    t = inline(s)
+    assert isinstance(t, Typeset) and t.number is s
+    assert repr(t) == "3.2 × 10⁻⁷" and t._repr_markdown_() == r"$3.2 \times 10^{-7}$"
+
+
+@pytest.mark.parametrize(
+    "bad", [0.1 + 0.2, np.float64(0.5), np.int64(3), np.float32(1.5), True, None,
+            np.arange(3)]
+)
+def test_inline_refuses_what_would_show_its_repr(bad):
+    # A float prints 17 digits, a NumPy scalar "np.float64(0.5)": both would
+    # reach the reader's sentence as they are.
+    with pytest.raises(TypeError, match="format it"):
+        inline(bad)
+
+
+def test_glue_hands_checked_values_to_myst_nb(monkeypatch):
+    import myst_nb
+
+    seen = {}
+
+    def record(name, value, display):
+        seen[name] = (value, display)
+
+    monkeypatch.setattr(myst_nb, "glue", record)
+    glue(a=sci(1e-5), b=f"{0.25:.1f}", c=7)
+    assert {k: (repr(v), d) for k, (v, d) in seen.items()} == {
+        "a": ("10⁻⁵", False),
+        "b": ("0.2", False),
+        "c": ("7", False),
+    }
+    with pytest.raises(TypeError):
+        glue(d=np.float64(0.5))

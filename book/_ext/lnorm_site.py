@@ -3,7 +3,8 @@
 1. The References page labels each entry the way chapters cite it, "Ba et al.,
    2016", instead of pybtex's alpha keys ("BKH16", "NVIDIACorporation23").
 2. Each chapter's download menu offers the executed ``.ipynb`` next to the
-   ``.md`` source.
+   ``.md`` source, with the values of its ``{eval}`` roles stored as
+   jupyterlab-myst stores them.
 
 About 2: sphinx-book-theme lists a chapter's ``.ipynb`` in its download menu only when a
 launch service (Binder, JupyterHub, Colab, thebe) is configured, and this book
@@ -27,6 +28,7 @@ from typing import Any
 
 import nbformat
 from jupyter_cache import get_cache
+from lnorm_eval import evals_to_glue, restore_evals
 from myst_nb.core.read import create_nb_reader
 from pybtex.plugin import register_plugin
 from pybtex.style.formatting.plain import Style as PlainStyle
@@ -78,18 +80,25 @@ class AuthorYearStyle(PlainStyle):
 
 
 def executed_notebook(app: Sphinx, docname: str) -> nbformat.NotebookNode | None:
-    """The page's notebook with the outputs of its cached execution, or None."""
+    """The page's notebook with the outputs of its cached execution, or None.
+
+    It is the chapter as written, ``{eval}`` roles and all, with their values
+    stored for jupyterlab-myst (see :func:`lnorm_eval.restore_evals`).
+    """
     source = Path(app.env.doc2path(docname))
     text = source.read_text(encoding="utf-8")
-    reader = create_nb_reader(str(source), app.env.myst_config, app.env.mystnb_config, text)
+    config = (app.env.myst_config, app.env.mystnb_config)
+    reader = create_nb_reader(str(source), *config, text)
     if reader is None:
         return None
+    # What MyST-NB read and executed: the source with its {eval} roles rewritten.
+    rewritten = reader.read(evals_to_glue(text))
     cache = get_cache(app.env.mystnb_config.execution_cache_path)
     try:
-        _, notebook = cache.merge_match_into_notebook(reader.read(text))
+        _, executed = cache.merge_match_into_notebook(rewritten)
     except KeyError:  # never executed, or its code changed since
         return None
-    return notebook
+    return restore_evals(reader.read(text), executed)
 
 
 def offer_executed_notebook(

@@ -21,21 +21,18 @@ import http.server
 import json
 import posixpath
 import re
-import shutil
 import socketserver
-import subprocess
-import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
 from bs4 import BeautifulSoup
 from built_site import ROOT, SITE, needs_site, toc_docnames
+from cdp import Browser, chromium
 
 pytestmark = needs_site
 
@@ -90,10 +87,6 @@ CHROMIUM_FLAGS = (
     "--metrics-recording-only",
     "--password-store=basic",
     "--disable-features=NetworkTimeServiceQuerying,OptimizationHints,Translate,MediaRouter",
-    "--enable-logging=stderr",
-    "--v=0",
-    # Virtual time: timers run fast-forward, so MathJax finishes within it.
-    "--virtual-time-budget=15000",
 )
 
 # Tags whose href/src the browser fetches while loading the page.
@@ -290,12 +283,19 @@ def refusing_proxy(hosts: list[str]) -> type[socketserver.BaseRequestHandler]:
     return Refuse
 
 
+# After the load event: MathJax typesets once its startup promise resolves.
+MATHJAX_DONE = (
+    "(window.MathJax && MathJax.startup && MathJax.startup.promise"
+    " ? MathJax.startup.promise : Promise.resolve()).then(() => true)"
+)
+
+
 @pytest.fixture(scope="module")
 def visits() -> dict[str, Visit]:
     """Open every toc page in headless Chromium once; the tests below inspect the
-    results."""
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    if chromium is None:
+    results. One browser, driven over CDP (tests/cdp.py), with its cache off:
+    nothing comes from the previous page's cache."""
+    if chromium() is None:
         pytest.skip(
             "chromium is not installed "
             "(Debian: apt-get install chromium; .ci/run does it)"
@@ -306,39 +306,30 @@ def visits() -> dict[str, Visit]:
     with (
         serving(site_handler(requests), http.server.ThreadingHTTPServer) as site,
         serving(refusing_proxy(outside), socketserver.ThreadingTCPServer) as proxy,
-        tempfile.TemporaryDirectory() as profiles,
     ):
-        for docname in PAGES:
-            # A fresh profile per page: nothing comes from the previous page's cache.
-            profile = Path(profiles) / docname.replace("/", "_")
-            first_request, first_outside = len(requests), len(outside)
-            url = f"http://127.0.0.1:{site.server_address[1]}/{docname}.html"
-            run = subprocess.run(
-                [
-                    chromium,
-                    *CHROMIUM_FLAGS,
-                    f"--user-data-dir={profile}",
-                    f"--proxy-server=http://127.0.0.1:{proxy.server_address[1]}",
-                    "--dump-dom",
-                    url,
-                ],
-                capture_output=True,
-                text=True,
-                timeout=90,
+        browser = Browser(
+            flags=(
+                *CHROMIUM_FLAGS,
+                f"--proxy-server=http://127.0.0.1:{proxy.server_address[1]}",
             )
-            assert run.returncode == 0 and "<html" in run.stdout, (
-                f"chromium could not open {url}: {run.stderr[-2000:]}"
-            )
-            results[docname] = Visit(
-                dom=parse(run.stdout),
-                requests=tuple(requests[first_request:]),
-                outside=tuple(outside[first_outside:]),
-                console_errors=tuple(
-                    line
-                    for line in run.stderr.splitlines()
-                    if "CONSOLE" in line and "Uncaught" in line
-                ),
-            )
+        )
+        try:
+            browser.call("Network.enable")
+            browser.call("Network.setCacheDisabled", cacheDisabled=True)
+            for docname in PAGES:
+                first_request, first_outside = len(requests), len(outside)
+                browser.events.clear()
+                url = f"http://127.0.0.1:{site.server_address[1]}/{docname}.html"
+                browser.load(url)
+                browser.evaluate(MATHJAX_DONE)
+                results[docname] = Visit(
+                    dom=parse(browser.evaluate("document.documentElement.outerHTML")),
+                    requests=tuple(requests[first_request:]),
+                    outside=tuple(outside[first_outside:]),
+                    console_errors=tuple(browser.exceptions()),
+                )
+        finally:
+            browser.close()
     return results
 
 
