@@ -274,6 +274,12 @@ def test_chapter_has_four_exercises_with_hidden_solutions(doc):
         assert "dropdown" in sol.get("class", []), (
             f"{doc}: solution {sol.get('id')} not collapsed"
         )
+        # Every solution explains, not only computes: its text written inside
+        # a solution-start directive must reach the page.
+        words = " ".join(p.get_text(" ") for p in sol.select("p"))
+        assert len(words.split()) >= 12, (
+            f"{doc}: solution {sol.get('id')} shows no explanation: {words!r}"
+        )
 
 
 @pytest.mark.parametrize("doc", converted())

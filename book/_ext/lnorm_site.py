@@ -5,6 +5,8 @@
 2. Each chapter's download menu offers the executed ``.ipynb`` next to the
    ``.md`` source, with the values of its ``{eval}`` roles stored as
    jupyterlab-myst stores them.
+3. The text written inside a ``solution-start`` directive is kept (see
+   :class:`SolutionStartBody`).
 
 About 2: sphinx-book-theme lists a chapter's ``.ipynb`` in its download menu only when a
 launch service (Binder, JupyterHub, Colab, thebe) is configured, and this book
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+from docutils import nodes
 from jupyter_cache import get_cache
 from lnorm_eval import evals_to_glue, restore_evals
 from myst_nb.core.read import create_nb_reader
@@ -35,6 +38,9 @@ from pybtex.style.formatting.plain import Style as PlainStyle
 from pybtex.style.labels import BaseLabelStyle
 from pybtex.style.sorting.author_year_title import SortingStyle
 from sphinx.application import Sphinx
+from sphinx.transforms import SphinxTransform
+from sphinx_exercise.nodes import solution_start_node
+from sphinx_exercise.transforms import MergeGatedSolutions
 
 
 class AuthorYearLabels(BaseLabelStyle):
@@ -116,6 +122,31 @@ def offer_executed_notebook(
     context["ipynb_source"] = f"{pagename}.ipynb"
 
 
+class SolutionStartBody(SphinxTransform):
+    """Keep the text written inside a ``solution-start`` directive.
+
+    A chapter writes a solution's explanation inside its ``solution-start``
+    directive: JupyterLab (jupyterlab-myst) shows it there in a closed box, so
+    a learner meets it only on a click, even after *Run All*. sphinx-exercise
+    1.2.1 drops such text when it merges a gated solution. This transform runs
+    just before that merge and moves the text out of the directive, in front of
+    the solution's code cells, where the merge collects it.
+    """
+
+    default_priority = MergeGatedSolutions.default_priority - 1
+
+    def apply(self, **kwargs: Any) -> None:
+        for start in list(self.document.findall(solution_start_node)):
+            body = [c for c in start.children if isinstance(c, nodes.section)]
+            moved = [child for section in body for child in section.children]
+            for section in body:
+                start.remove(section)
+            parent = start.parent
+            at = parent.index(start) + 1
+            for offset, child in enumerate(moved):
+                parent.insert(at + offset, child)
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
     # Selected in _config.yml with bibtex_default_style: lnorm_author_year.
     register_plugin("pybtex.style.labels", "lnorm_author_year", AuthorYearLabels)
@@ -123,4 +154,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     register_plugin("pybtex.style.formatting", "lnorm_author_year", AuthorYearStyle)
     # Priority 500 runs before the theme's header buttons (501) read the context.
     app.connect("html-page-context", offer_executed_notebook, priority=500)
+    app.add_transform(SolutionStartBody)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
