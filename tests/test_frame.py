@@ -159,6 +159,15 @@ def test_cells_the_site_hides_are_collapsed_in_the_notebook(doc):
         f"{doc}: cells {open_} are hidden on the site or part of a solution; "
         "add :jupyter: {source_hidden: true}"
     )
+    # A collapsed cell shows its first line in JupyterLab: for a solution that
+    # line must not give the answer away.
+    telling = sorted(
+        i for i in in_solutions if not nb.cells[i].source.lstrip().startswith("#")
+    )
+    assert not telling, (
+        f"{doc}: solution cells {telling} start with code, which JupyterLab "
+        "shows on the collapsed cell; start them with a comment"
+    )
     # A Markdown cell collapsed this way opens on Run All (JupyterLab renders
     # it): a solution's explanation goes into its solution-start directive.
     md = [
