@@ -19,7 +19,8 @@ from lnorm import fused
 
 DTYPES = [np.float16, np.float32, np.float64]
 # D = 1, one row, zero rows, odd D, rows across a dgamma block boundary, a long
-# row, three leading axes.
+# row, rows long enough to go in groups of four (with a block boundary and
+# leftover rows), three leading axes.
 SHAPES = [
     (5, 1),
     (1, 9),
@@ -27,6 +28,7 @@ SHAPES = [
     (7, 13),
     (fused.BLOCK_ROWS + 3, 6),
     (3, 1027),
+    (fused.BLOCK_ROWS + 7, fused.GROUP_FROM_D),
     (2, 1, 3, 8),
 ]
 
@@ -123,10 +125,12 @@ def test_dgamma_and_dbeta_are_the_same_bits_on_every_call():
             assert np.array_equal(a, b)
 
 
-def test_dgamma_is_summed_per_block_then_across_blocks():
+@pytest.mark.parametrize("D", [16, fused.GROUP_FROM_D + 1])
+def test_dgamma_is_summed_per_block_then_across_blocks(D):
     # The documented order: float64 sums over each block of BLOCK_ROWS rows, then
-    # block 0 + block 1 + ... Rebuilt here with NumPy in float64.
-    rows, D = 2 * fused.BLOCK_ROWS + 5, 16
+    # block 0 + block 1 + ... Rebuilt here with NumPy in float64. Long rows go
+    # in groups of four inside a block; the tail of a block goes one by one.
+    rows = 2 * fused.BLOCK_ROWS + 5
     x, gamma, beta, dy = make_inputs((rows, D), np.float64, seed=9)
     _, cache = fused.forward(x, gamma, beta)
     _, dgamma, dbeta = fused.backward(dy, cache)
@@ -164,9 +168,11 @@ def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
         assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("D", [16, fused.GROUP_FROM_D])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_nonfinite_values_stay_in_their_row(bad):
-    x, gamma, beta, dy = make_inputs((6, 16), np.float32, seed=4)
+def test_nonfinite_values_stay_in_their_row(bad, D):
+    # Rows 1 and 3 share a group of four with rows 0 and 2 when D is long.
+    x, gamma, beta, dy = make_inputs((6, D), np.float32, seed=4)
     x_bad = x.copy()
     x_bad[3, 5] = bad
     dy_bad = dy.copy()
@@ -176,9 +182,9 @@ def test_nonfinite_values_stay_in_their_row(bad):
     assert not np.isfinite(y[3]).any() and not np.isfinite(dx[3]).any()
     assert not np.isfinite(dx[1]).any()
     good = [0, 2, 4, 5]
-    y_ref, cache_ref = fused.forward(x[good], gamma, beta)
-    assert np.array_equal(y[good], y_ref)
-    assert np.array_equal(dx[good], fused.backward(dy[good], cache_ref)[0])
+    y_ref, cache_ref = fused.forward(x, gamma, beta)
+    assert np.array_equal(y[good], y_ref[good])
+    assert np.array_equal(dx[good], fused.backward(dy, cache_ref)[0][good])
     # The column sums see every row, so they are not finite.
     assert not np.isfinite(dbeta).all()
 
