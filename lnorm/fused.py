@@ -102,6 +102,8 @@ BLOCK_ROWS = 256
 #: 2-core machine the book is built on. Shorter rows ran slower in groups
 #: there, so they go one by one.
 GROUP_ROWS = 4
+
+#: The shortest row that the backward takes in groups of :data:`GROUP_ROWS`.
 GROUP_FROM_D = 768
 
 #: Fast-math flags of the row loops — reassociation lets LLVM split a row's

@@ -1,0 +1,382 @@
+r"""Layer normalization in SymPy for every row length D at once.
+
+:mod:`lnorm.symbolic` writes a row as ``D`` separate symbols, so each of its
+proofs is for one concrete ``D``. Here the row length is a symbol ``D`` and a
+row is an indexed symbol ``x[k]``; the mean, the variance and the loss are
+``sympy.Sum`` objects over ``k = 1..D``::
+
+    mu   = Sum(x[l], (l, 1, D)) / D
+    var  = Sum((x[k] - mu)**2, (k, 1, D)) / D
+    rstd = 1 / sqrt(var + eps)        xhat[i] = (x[i] - mu) * rstd
+    y[i] = gamma[i] * xhat[i] + beta[i]
+
+``sympy.diff`` differentiates a ``Sum`` with respect to one entry ``x[j]`` term
+by term, with ``d x[k] / d x[j] = KroneckerDelta(j, k)``. A proof then takes
+four steps, each of which keeps an identity an identity:
+
+1. :func:`expand_sums` writes every ``Sum`` as a combination of sums of
+   products (linearity: ``Sum(a*f + b*g) = a*Sum(f) + b*Sum(g)`` for ``a, b``
+   free of the summation index), counts ``Sum(1) = D``, and evaluates
+   ``Sum(KroneckerDelta(j, k) * f(k)) = f(j)``, valid because every free
+   index ``i``, ``j`` is a position in the row (``1 <= j <= D``);
+2. every remaining ``Sum`` becomes an opaque symbol named after its summand,
+   so that the same sum written with two dummy indices is one symbol;
+3. ``eps = s - var`` turns every root into a power of the one positive
+   symbol ``s`` (the change of variable of :mod:`lnorm.symbolic`);
+4. ``sympy.expand`` must give 0.
+
+Step 2 treats the sums as independent variables. An expression that expands
+to zero is therefore zero for all values they can take, in particular for
+the values they do take, for every ``D``. The converse fails only in the safe
+direction: a true identity that needs a relation between two sums (such as
+``Sum(x[k] - mu) = 0``, which step 1 gets by linearity) would be reported as
+not proved, never a false one as proved.
+
+The chapter that uses it: ``book/02_derivation.md`` (Deriving the backward).
+
+Examples
+--------
+>>> from lnorm import symbolic_sums
+>>> symbolic_sums.prove_for_every_D("compact_vjp")
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import sympy as sp
+
+__all__ = [
+    "RowSums",
+    "row_sums",
+    "expand_sums",
+    "vanishes",
+    "GENERAL_IDENTITIES",
+    "general_residual",
+    "prove_for_every_D",
+]
+
+
+@dataclass(frozen=True)
+class RowSums:
+    r"""One row of layer normalization with a symbolic length ``D``.
+
+    Attributes
+    ----------
+    D : sympy.Symbol
+        The row length, a positive integer.
+    i, j : sympy.Symbol
+        Free positions in the row (positive integers, at most ``D``).
+    x, gamma, beta, dy : sympy.IndexedBase
+        The input row, scale, shift and upstream gradient: ``x[i]`` and so on.
+    eps : sympy.Symbol
+        Positive.
+    mu, var, rstd : sympy.Expr
+        ``Sum(x[l]) / D``, ``Sum((x[k] - mu)**2) / D`` and
+        ``1 / sqrt(var + eps)``.
+    """
+
+    D: sp.Symbol
+    i: sp.Symbol
+    j: sp.Symbol
+    x: sp.IndexedBase
+    gamma: sp.IndexedBase
+    beta: sp.IndexedBase
+    dy: sp.IndexedBase
+    eps: sp.Symbol
+    mu: sp.Expr
+    var: sp.Expr
+    rstd: sp.Expr
+
+    def row_sum(self, summand: sp.Expr, index: sp.Symbol) -> sp.Sum:
+        r"""``Sum(summand, (index, 1, D))``: a sum over the row.
+
+        Examples
+        --------
+        >>> r = row_sums()
+        >>> r.row_sum(r.x[r.j], r.j)
+        Sum(x[j], (j, 1, D))
+        """
+        return sp.Sum(summand, (index, 1, self.D))
+
+    def xhat(self, index: sp.Expr) -> sp.Expr:
+        r"""``(x[index] - mu) * rstd``.
+
+        Examples
+        --------
+        >>> r = row_sums()
+        >>> r.xhat(r.i) == (r.x[r.i] - r.mu) * r.rstd
+        True
+        """
+        return (self.x[index] - self.mu) * self.rstd
+
+    def y(self, index: sp.Expr) -> sp.Expr:
+        r"""``gamma[index] * xhat[index] + beta[index]``.
+
+        Examples
+        --------
+        >>> r = row_sums()
+        >>> sp.diff(r.y(r.i), r.beta[r.i])
+        1
+        """
+        return self.gamma[index] * self.xhat(index) + self.beta[index]
+
+
+@cache
+def row_sums() -> RowSums:
+    r"""The symbols and the statistics of one row of any length ``D``.
+
+    Returns
+    -------
+    RowSums
+        The same object on every call.
+
+    See Also
+    --------
+    lnorm.symbolic.symbols : The same row for one concrete ``D``.
+
+    Examples
+    --------
+    >>> r = row_sums()
+    >>> r.mu
+    Sum(x[l], (l, 1, D))/D
+    """
+    D = sp.Symbol("D", integer=True, positive=True)
+    i, j, k, m = sp.symbols("i j k l", integer=True, positive=True)
+    x, gamma, beta, dy = (
+        sp.IndexedBase(name, real=True) for name in ("x", "gamma", "beta", "dy")
+    )
+    eps = sp.Symbol("epsilon", positive=True)
+    mu = sp.Sum(x[m], (m, 1, D)) / D
+    var = sp.Sum((x[k] - mu) ** 2, (k, 1, D)) / D
+    rstd = 1 / sp.sqrt(var + eps)
+    return RowSums(D, i, j, x, gamma, beta, dy, eps, mu, var, rstd)
+
+
+def _split_sum(s: sp.Sum) -> sp.Expr:
+    """One ``Sum`` as a combination of simpler ones (step 1 of the module doc)."""
+    if len(s.limits) != 1:
+        return s
+    (k, lo, hi), = s.limits
+    out = sp.S.Zero
+    for term in sp.Add.make_args(sp.expand(s.function)):
+        coeff, part = term.as_independent(k, as_Add=False)
+        if part == 1:
+            out += coeff * (hi - lo + 1)
+            continue
+        deltas = [
+            f for f in sp.Mul.make_args(part)
+            if isinstance(f, sp.KroneckerDelta) and k in f.free_symbols
+        ]
+        if deltas and lo == 1 and hi == row_sums().D:
+            # Sum over k of delta(k, p) f(k) = f(p): p is a position in the row.
+            (other,) = set(deltas[0].args) - {k}
+            out += coeff * (part / deltas[0]).subs(k, other)
+        else:
+            out += coeff * sp.Sum(part, (k, lo, hi))
+    return out
+
+
+def expand_sums(expr: sp.Expr) -> sp.Expr:
+    r"""Write every ``Sum`` in ``expr`` as a combination of sums of products.
+
+    Uses linearity (factors free of the summation index leave the sum),
+    ``Sum(1, (k, 1, D)) = D`` and ``Sum(KroneckerDelta(k, p) * f(k)) = f(p)``
+    for a sum over the row, until nothing changes.
+
+    Parameters
+    ----------
+    expr : sympy.Expr
+        An expression in the symbols of :func:`row_sums`.
+
+    Returns
+    -------
+    sympy.Expr
+        Equal to ``expr`` for every ``D`` and every position of the free
+        indices in the row.
+
+    Examples
+    --------
+    >>> r = row_sums()
+    >>> expand_sums(r.row_sum(r.x[r.j] - r.mu, r.j))
+    Sum(x[j], (j, 1, D)) - Sum(x[l], (l, 1, D))
+
+    The two sums differ only in their dummy index; :func:`vanishes` makes them
+    one symbol.
+    >>> k = sp.Symbol("k", integer=True, positive=True)
+    >>> expand_sums(r.row_sum(sp.KroneckerDelta(k, r.j) * r.x[k] ** 2, k))
+    x[j]**2
+    """
+    while True:
+        new = expr.replace(lambda e: isinstance(e, sp.Sum), _split_sum)
+        if new == expr:
+            return expr
+        expr = new
+
+
+def _opaque_sums(expr: sp.Expr) -> sp.Expr:
+    """Each remaining ``Sum`` as a symbol named after its summand (step 2)."""
+    n = sp.Symbol("n", integer=True, positive=True)
+
+    def to_symbol(s: sp.Sum) -> sp.Symbol:
+        (k, lo, hi), = s.limits
+        return sp.Symbol(f"Sum[{s.function.subs(k, n)}, {lo}, {hi}]", real=True)
+
+    return expr.replace(lambda e: isinstance(e, sp.Sum), to_symbol)
+
+
+def _in_s(expr: sp.Expr) -> sp.Expr:
+    """``expr`` with ``eps = s - var``, sums opaque, expanded (steps 2 to 4)."""
+    r = row_sums()
+    s = sp.Symbol("s", positive=True)
+    var = _opaque_sums(expand_sums(r.var))
+    return sp.expand(_opaque_sums(expand_sums(expr)).subs(r.eps, s - var))
+
+
+def vanishes(expr: sp.Expr) -> bool:
+    r"""True when ``expr`` is zero for every ``D``, every row and every ``eps > 0``.
+
+    The four steps of the module docstring. ``False`` means "not shown", not
+    "shown to be nonzero" (see there).
+
+    Parameters
+    ----------
+    expr : sympy.Expr
+        An expression in the symbols of :func:`row_sums`.
+
+    Returns
+    -------
+    bool
+
+    See Also
+    --------
+    prove_for_every_D : The identities of the book.
+
+    Examples
+    --------
+    >>> r = row_sums()
+    >>> xhat_sum = r.row_sum(r.xhat(r.j), r.j)
+    >>> vanishes(xhat_sum), vanishes(r.row_sum(r.xhat(r.j) ** 2, r.j) - r.D)
+    (True, False)
+    """
+    return _in_s(expr) == 0
+
+
+#: The identities proved for every ``D`` (see :func:`general_residual`): the
+#: names of :data:`lnorm.symbolic.IDENTITIES`.
+GENERAL_IDENTITIES = (
+    "closed_form",
+    "symmetric",
+    "shift",
+    "scale",
+    "compact_vjp",
+    "mean_path",
+)
+
+
+def _N(r: RowSums, i: sp.Expr, j: sp.Expr) -> sp.Expr:
+    """``d xhat[i] / d x[j]``, by SymPy."""
+    return sp.diff(r.xhat(i), r.x[j])
+
+
+def general_residual(name: str) -> sp.Expr:
+    r"""One identity of the book, for every ``D``, as an expression that must vanish.
+
+    With ``N_ij = d xhat[i] / d x[j]`` and ``d y[i] / d x[j]`` computed by
+    ``sympy.diff``, ``g = gamma * dy`` and ``delta`` the Kronecker delta:
+
+    * ``"closed_form"``: ``dy_i/dx_j - gamma_i rstd (delta_ij - 1/D -
+      xhat_i xhat_j / D)``;
+    * ``"symmetric"``: ``N_ij - N_ji``;
+    * ``"shift"``: ``sum over j of N_ij``;
+    * ``"scale"``: ``sum over j of N_ij xhat_j - rstd eps / (var + eps)
+      xhat_i``;
+    * ``"compact_vjp"``: ``sum over i of dy_i dy_i/dx_j - rstd (g_j -
+      mean(g) - xhat_j mean(g xhat))``;
+    * ``"mean_path"``: ``d/dm sum((x_k - m)**2) / D`` at ``m = mu``.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`GENERAL_IDENTITIES`.
+
+    Returns
+    -------
+    sympy.Expr
+        Unsimplified; :func:`vanishes` decides it.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of :data:`GENERAL_IDENTITIES`.
+
+    See Also
+    --------
+    prove_for_every_D, lnorm.symbolic.residuals
+
+    Examples
+    --------
+    >>> general_residual("mean_path")
+    Sum(-2*x[k] + 2*Sum(x[l], (l, 1, D))/D, (k, 1, D))/D
+    """
+    r = row_sums()
+    i, j, D = r.i, r.j, r.D
+    k = sp.Symbol("k", integer=True, positive=True)
+    if name == "closed_form":
+        closed = r.gamma[i] * r.rstd * (
+            sp.KroneckerDelta(i, j) - 1 / D - r.xhat(i) * r.xhat(j) / D
+        )
+        return sp.diff(r.y(i), r.x[j]) - closed
+    if name == "symmetric":
+        return _N(r, i, j) - _N(r, j, i)
+    if name == "shift":
+        return r.row_sum(_N(r, i, j), j)
+    if name == "scale":
+        small = r.rstd * r.eps / (r.var + r.eps)
+        return r.row_sum(_N(r, i, j) * r.xhat(j), j) - small * r.xhat(i)
+    if name == "compact_vjp":
+        g = r.gamma[k] * r.dy[k]
+        mean_g = r.row_sum(g, k) / D
+        mean_gxhat = r.row_sum(g * r.xhat(k), k) / D
+        compact = r.rstd * (r.gamma[j] * r.dy[j] - mean_g - r.xhat(j) * mean_gxhat)
+        loss = r.row_sum(r.dy[i] * r.y(i), i)
+        return sp.diff(loss, r.x[j]) - compact
+    if name == "mean_path":
+        m = sp.Symbol("m", real=True)
+        dvar_dm = sp.diff(r.row_sum((r.x[k] - m) ** 2, k) / D, m)
+        return dvar_dm.subs(m, r.mu)
+    raise ValueError(f"name must be one of {GENERAL_IDENTITIES}; got {name!r}.")
+
+
+def prove_for_every_D(name: str) -> bool:
+    r"""True when the identity ``name`` holds for every row length ``D``.
+
+    :func:`vanishes` applied to :func:`general_residual`: a proof for every
+    ``D >= 1``, every real row, ``gamma``, ``dy`` and every ``eps > 0``.
+
+    Parameters
+    ----------
+    name : str
+        One of :data:`GENERAL_IDENTITIES`.
+
+    Returns
+    -------
+    bool
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not one of :data:`GENERAL_IDENTITIES`.
+
+    See Also
+    --------
+    lnorm.symbolic.prove : The same identities for one concrete ``D``.
+
+    Examples
+    --------
+    >>> all(prove_for_every_D(name) for name in GENERAL_IDENTITIES)
+    True
+    """
+    return vanishes(general_residual(name))

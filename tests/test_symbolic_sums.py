@@ -1,0 +1,104 @@
+"""lnorm.symbolic_sums: SymPy proves the book's identities for every D at once,
+refuses wrong formulas, and differentiates the same function that lnorm.backward
+implements."""
+
+import numpy as np
+import pytest
+import sympy as sp
+from reference import make_inputs
+
+import lnorm
+from lnorm import symbolic as S
+from lnorm import symbolic_sums as G
+
+R = G.row_sums()
+K = sp.Symbol("k", integer=True, positive=True)
+
+
+def test_the_identities_are_those_of_the_concrete_D_module():
+    assert G.GENERAL_IDENTITIES == S.IDENTITIES
+
+
+@pytest.mark.parametrize("name", G.GENERAL_IDENTITIES)
+def test_identity_is_proved_for_every_D(name):
+    assert G.prove_for_every_D(name) is True
+
+
+def test_an_unknown_identity_is_refused():
+    with pytest.raises(ValueError, match="name must be one of"):
+        G.general_residual("antisymmetric")
+
+
+# --- wrong formulas must not vanish: the proofs can fail ----------------------
+
+
+def _vjp():
+    return sp.diff(R.row_sum(R.dy[R.i] * R.y(R.i), R.i), R.x[R.j])
+
+
+def _compact(mean_g_scale=1, var=None):
+    """The compact dx, optionally with a fault."""
+    rstd = R.rstd if var is None else 1 / sp.sqrt(var + R.eps)
+    g = R.gamma[K] * R.dy[K]
+    xhat = lambda p: (R.x[p] - R.mu) * rstd  # noqa: E731
+    mean_g = mean_g_scale * R.row_sum(g, K) / R.D
+    mean_gxhat = R.row_sum(g * xhat(K), K) / R.D
+    return rstd * (R.gamma[R.j] * R.dy[R.j] - mean_g - xhat(R.j) * mean_gxhat)
+
+
+def test_the_right_compact_dx_vanishes():
+    # The control for the faults below: the same construction, no fault.
+    assert G.vanishes(_vjp() - _compact())
+
+
+def test_dx_without_the_mean_of_g_is_refused():
+    assert not G.vanishes(_vjp() - _compact(mean_g_scale=0))
+
+
+def test_dx_with_the_unbiased_variance_is_refused():
+    unbiased = R.row_sum((R.x[K] - R.mu) ** 2, K) / (R.D - 1)
+    assert not G.vanishes(_vjp() - _compact(var=unbiased))
+
+
+def test_a_closed_form_without_the_mean_term_is_refused():
+    wrong = R.gamma[R.i] * R.rstd * (
+        sp.KroneckerDelta(R.i, R.j) - R.xhat(R.i) * R.xhat(R.j) / R.D
+    )
+    assert not G.vanishes(sp.diff(R.y(R.i), R.x[R.j]) - wrong)
+
+
+def test_the_scale_direction_is_not_in_the_null_space():
+    # N xhat = 0 would hold only for eps = 0.
+    N_xhat = R.row_sum(sp.diff(R.xhat(R.i), R.x[R.j]) * R.xhat(R.j), R.j)
+    assert not G.vanishes(N_xhat)
+
+
+def test_kronecker_sums_are_evaluated_at_the_position():
+    assert G.expand_sums(R.row_sum(sp.KroneckerDelta(K, R.j) * R.x[K] ** 2, K)) == (
+        R.x[R.j] ** 2
+    )
+    # No delta: the sum stays, split by linearity.
+    split = G.expand_sums(R.row_sum(2 * R.x[K] + R.eps, K))
+    assert split == 2 * R.row_sum(R.x[K], K) + R.D * R.eps
+
+
+# --- the symbols describe the function lnorm computes -------------------------
+
+
+def test_the_general_vjp_at_D_4_equals_lnorm_backward():
+    # Put numbers into SymPy's derivative of the loss sum(dy * y) for D = 4 and
+    # every position j; compare with the hand-written backward.
+    D = 4
+    x, gamma, beta, dy = make_inputs((1, D), np.float64, seed=3)
+    eps = 1e-3
+    values = {R.eps: eps}
+    for name, row in (("x", x[0]), ("gamma", gamma), ("beta", beta), ("dy", dy[0])):
+        base = getattr(R, name)
+        values.update({base[p + 1]: sp.Float(v, 30) for p, v in enumerate(row)})
+    vjp = _vjp().subs(R.D, D)
+    symbolic_dx = [
+        float(vjp.subs(R.j, p).doit().subs(values).evalf(30)) for p in range(1, D + 1)
+    ]
+    _, cache = lnorm.forward(x, gamma, beta, eps=eps)
+    dx, _, _ = lnorm.backward(dy, cache)
+    np.testing.assert_allclose(dx[0], symbolic_dx, rtol=1e-12, atol=1e-14)
