@@ -22,8 +22,11 @@ four steps, each of which keeps an identity an identity:
 2. every remaining ``Sum`` becomes an opaque symbol named after its summand,
    so that the same sum written with two dummy indices is one symbol;
 3. ``eps = s - var`` turns every root into a power of the one positive
-   symbol ``s`` (the change of variable of :mod:`lnorm.symbolic`);
-4. ``sympy.expand`` must give 0.
+   symbol ``s`` (the change of variable of :mod:`lnorm.symbolic`; for another
+   variance, such as the sum over ``D - 1``, the same with that variance);
+4. ``sympy.expand`` must give 0 (coefficients that are rational functions
+   of ``D`` are first put over a common denominator, which holds where the
+   denominators are not zero: ``D >= 2`` for a variance over ``D - 1``).
 
 Step 2 treats the sums as independent variables. An expression that expands
 to zero is therefore zero for all values they can take, in particular for
@@ -228,11 +231,45 @@ def _opaque_sums(expr: sp.Expr) -> sp.Expr:
 
 
 def _in_s(expr: sp.Expr) -> sp.Expr:
-    """``expr`` with ``eps = s - var``, sums opaque, expanded (steps 2 to 4)."""
-    r = row_sums()
+    """``expr`` with its sums opaque, in ``s`` for ``eps``, expanded (steps 2 to 4).
+
+    Every root in ``expr`` whose base contains ``eps`` (every power, if there
+    is no root) has, once expanded and divided by its coefficient of ``eps``,
+    the same base ``eps + rest`` (``eps + var`` for layer norm);
+    ``eps = s - rest`` makes every such base a multiple of ``s``. When the
+    bases differ, ``eps`` stays and ``sympy.expand`` decides alone. Any ``rest``
+    free of ``eps`` gives a one-to-one change of variable, so the choice can
+    make a proof fail, never a false one succeed.
+    """
+    eps = row_sums().eps
     s = sp.Symbol("s", positive=True)
-    var = _opaque_sums(expand_sums(r.var))
-    return sp.expand(_opaque_sums(expand_sums(expr)).subs(r.eps, s - var))
+    e = _opaque_sums(expand_sums(expr))
+
+    def monic(base: sp.Expr) -> sp.Expr | None:
+        base = sp.expand(base)
+        c = base.coeff(eps)
+        if c == 0 or c.has(eps) or sp.expand(base - c * eps).has(eps):
+            return None
+        return sp.expand(base / c)
+
+    powers = [a for a in e.atoms(sp.Pow) if a.base.has(eps)]
+    roots = [a for a in powers if not a.exp.is_integer]
+    # A power of eps alone says nothing about the rest; bases of higher degree
+    # in eps (squares expanded by expand_sums) have no monic form.
+    bases = {monic(a.base) for a in roots or powers} - {None, eps}
+    if len(bases) == 1:
+        (base,) = bases
+        e = e.subs(eps, s - (base - eps))
+        # Each base, expanded, is now a multiple of s (the rest cancels), and
+        # expand splits (D * s)**r into D**r * s**r: D and s are positive.
+        e = e.replace(
+            lambda a: isinstance(a, sp.Pow) and a.base.has(s),
+            lambda a: sp.Pow(sp.expand(a.base), a.exp),
+        )
+    e = sp.expand(e)
+    # Coefficients that are rational functions of D (from a variance over
+    # D - 1) cancel only over a common denominator.
+    return e if e == 0 else sp.cancel(sp.together(e))
 
 
 def vanishes(expr: sp.Expr) -> bool:

@@ -60,6 +60,25 @@ def test_dx_with_the_unbiased_variance_is_refused():
     assert not G.vanishes(_vjp() - _compact(var=unbiased))
 
 
+def test_the_unbiased_formula_is_proved_with_its_own_variance():
+    # With sum/(D - 1) in the forward, dx gets a factor D/(D - 1) on its last
+    # term (chapter 2, exercise ex-der-unbiased): proved for every D >= 2, and
+    # the factor is needed.
+    unbiased = R.row_sum((R.x[K] - R.mu) ** 2, K) / (R.D - 1)
+    rstd = 1 / sp.sqrt(unbiased + R.eps)
+    y = lambda p: R.gamma[p] * (R.x[p] - R.mu) * rstd + R.beta[p]  # noqa: E731
+    loss = R.row_sum(R.dy[R.i] * y(R.i), R.i)
+    vjp = sp.diff(loss, R.x[R.j])
+    g = R.gamma[K] * R.dy[K]
+    xhat = lambda p: (R.x[p] - R.mu) * rstd  # noqa: E731
+    mean_g = R.row_sum(g, K) / R.D
+    mean_gxhat = R.row_sum(g * xhat(K), K) / R.D
+    g_j = R.gamma[R.j] * R.dy[R.j]
+    right = rstd * (g_j - mean_g - R.D / (R.D - 1) * xhat(R.j) * mean_gxhat)
+    assert G.vanishes(vjp - right)
+    assert not G.vanishes(vjp - _compact(var=unbiased))
+
+
 def test_a_closed_form_without_the_mean_term_is_refused():
     wrong = R.gamma[R.i] * R.rstd * (
         sp.KroneckerDelta(R.i, R.j) - R.xhat(R.i) * R.xhat(R.j) / R.D
