@@ -214,6 +214,7 @@ class Visit:
     requests: tuple[tuple[str, int], ...]  # (path, HTTP status) served by the site
     outside: tuple[str, ...]  # hosts outside the machine the browser asked for
     console_errors: tuple[str, ...]
+    sideways: tuple[str, ...]  # code boxes that scroll sideways, dropdowns open
 
 
 @contextmanager
@@ -290,6 +291,24 @@ MATHJAX_DONE = (
 )
 
 
+# The width the book is written for: code lines of at most 79 characters must
+# fit without scrolling sideways (_static/lnorm.css sizes the code for it).
+WINDOW_WIDTH = 1280
+
+# After the DOM is read: open every dropdown (solutions) and every hidden cell,
+# then list each visible code box whose content is wider than the box, as
+# "box width < content width: widest line".
+SIDEWAYS = """(() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  document.querySelectorAll('.toggle-hidden .toggle-button').forEach(b => b.click());
+  return new Promise(done => setTimeout(() => done(
+    [...document.querySelectorAll('pre')]
+      .filter(p => p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1)
+      .map(p => `${p.clientWidth} < ${p.scrollWidth}: ` + p.textContent.split('\\n')
+        .reduce((a, l) => (l.length > a.length ? l : a), ''))), 300));
+})()"""
+
+
 @pytest.fixture(scope="module")
 def visits() -> dict[str, Visit]:
     """Open every toc page in headless Chromium once; the tests below inspect the
@@ -308,6 +327,7 @@ def visits() -> dict[str, Visit]:
         serving(refusing_proxy(outside), socketserver.ThreadingTCPServer) as proxy,
     ):
         browser = Browser(
+            width=WINDOW_WIDTH,
             flags=(
                 *CHROMIUM_FLAGS,
                 f"--proxy-server=http://127.0.0.1:{proxy.server_address[1]}",
@@ -322,11 +342,14 @@ def visits() -> dict[str, Visit]:
                 url = f"http://127.0.0.1:{site.server_address[1]}/{docname}.html"
                 browser.load(url)
                 browser.evaluate(MATHJAX_DONE)
+                dom = parse(browser.evaluate("document.documentElement.outerHTML"))
+                sideways = tuple(browser.evaluate(SIDEWAYS))
                 results[docname] = Visit(
-                    dom=parse(browser.evaluate("document.documentElement.outerHTML")),
+                    dom=dom,
                     requests=tuple(requests[first_request:]),
                     outside=tuple(outside[first_outside:]),
                     console_errors=tuple(browser.exceptions()),
+                    sideways=sideways,
                 )
         finally:
             browser.close()
@@ -419,6 +442,13 @@ def test_page_shows_no_traceback_or_error(
     if not docname.startswith("book/api/"):
         assert "Traceback (most recent call last)" not in visit.dom.get_text()
     assert not visit.console_errors, f"JavaScript errors: {visit.console_errors}"
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_no_code_scrolls_sideways(visits: dict[str, Visit], docname: str) -> None:
+    # In a 1280-pixel window, with every solution and hidden cell opened.
+    sideways = visits[docname].sideways
+    assert not sideways, f"code boxes scroll sideways: {list(sideways)[:3]}"
 
 
 @pytest.mark.parametrize("docname", PAGES)
