@@ -208,6 +208,7 @@ def expand_sums(expr: sp.Expr) -> sp.Expr:
 
     The two sums differ only in their dummy index; :func:`vanishes` makes them
     one symbol.
+
     >>> k = sp.Symbol("k", integer=True, positive=True)
     >>> expand_sums(r.row_sum(sp.KroneckerDelta(k, r.j) * r.x[k] ** 2, k))
     x[j]**2
@@ -239,7 +240,8 @@ def _in_s(expr: sp.Expr) -> sp.Expr:
     ``eps = s - rest`` makes every such base a multiple of ``s``. When the
     bases differ, ``eps`` stays and ``sympy.expand`` decides alone. Any ``rest``
     free of ``eps`` gives a one-to-one change of variable, so the choice can
-    make a proof fail, never a false one succeed.
+    make a proof fail, never a false one succeed. ``s`` is declared positive
+    because the base under the root is a variance plus ``eps``.
     """
     eps = row_sums().eps
     s = sp.Symbol("s", positive=True)
