@@ -265,3 +265,38 @@ def test_the_default_schedule_is_fused():
     assert np.array_equal(y, y_f) and np.array_equal(cache.xhat, cache_f.xhat)
     for a, b in zip(lnorm.backward(dy, cache), fused.backward(dy, cache)):
         assert np.array_equal(a, b)
+
+
+def _page_distance(a: np.ndarray, b: np.ndarray) -> int:
+    """How far apart the starts of a and b are, modulo 4 KiB (0 to 2048)."""
+    d = (a.ctypes.data - b.ctypes.data) % 4096
+    return min(d, 4096 - d)
+
+
+@pytest.mark.parametrize("offsets", [(16,), (16, 16), (0, 272, 2064), (4032, 64, 512)])
+def test_arrays_are_placed_apart_modulo_a_page(offsets):
+    # Arrays at chosen places in a page stand for the inputs a loop streams.
+    buf = np.empty(3 * 8192, np.uint8)
+    base = (-buf.ctypes.data) % 4096
+    others = [buf[base + 4096 * i + o :][:64] for i, o in enumerate(offsets)]
+    a = fused._empty_apart((3, 5), np.float32, *others)
+    assert a.shape == (3, 5) and a.dtype == np.float32 and a.flags.c_contiguous
+    assert a.ctypes.data % 64 == 0
+    assert all(_page_distance(a, o) >= fused.APART_BYTES for o in others)
+    assert fused._empty_apart((0, 4), np.float64, *others).shape == (0, 4)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_outputs_are_apart_from_the_arrays_they_are_streamed_with(dtype):
+    # Rows of 4 KiB (D = 1024 float32) put element j of every row of every
+    # array at the same place in a page; the library's own arrays move apart.
+    x, gamma, beta, dy = make_inputs((8, 1024), dtype, seed=2)
+    y, cache = fused.forward(x, gamma, beta)
+    dx, _, _ = fused.backward(dy, cache)
+    if dtype != np.float16:  # float16 outputs are converted after the loop
+        assert _page_distance(y, x) >= fused.APART_BYTES
+        assert _page_distance(cache.xhat, x) >= fused.APART_BYTES
+        assert _page_distance(cache.xhat, y) >= fused.APART_BYTES
+        assert _page_distance(dx, dy) >= fused.APART_BYTES
+        assert _page_distance(dx, cache.xhat) >= fused.APART_BYTES
+    assert y.flags.c_contiguous and dx.flags.c_contiguous
