@@ -43,10 +43,10 @@ converted to float32 before the loop and the outputs back after it: two
 extra passes over memory, which :func:`lnorm.cost.traffic` counts
 (``schedule="fused"``, ``itemsize=2``).
 
-The arrays allocated here (``xhat``, ``y``, ``dx``, float16 conversions)
-start :data:`APART_BYTES` or more from the arrays they are streamed with,
-modulo 4 KiB, so that rows of 4 KiB do not put every stream into the same
-L1 set (see ``_empty_apart``).
+The large arrays allocated here (``xhat``, ``y``, ``dx``, float16
+conversions) start :data:`APART_BYTES` or more from the arrays they are
+streamed with, modulo 4 KiB, so that rows of 4 KiB do not send every stream
+to the same address bits at once (see ``_empty_apart``).
 
 Large outputs are written with non-temporal (streaming) stores: a plain
 store to memory that is not in cache first reads the line it writes
@@ -95,6 +95,7 @@ __all__ = [
     "GROUP_FROM_D",
     "STREAM_BYTES",
     "APART_BYTES",
+    "APART_FROM_BYTES",
 ]
 
 #: Rows per block of the ``dgamma``/``dbeta`` partial sums.
@@ -369,26 +370,36 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
 # --- the public functions ---------------------------------------------------------
 
 #: Bytes between the starts of two arrays that one loop streams through
-#: together, modulo a 4 KiB page (see :func:`_empty_apart`).
+#: together, modulo a 4 KiB page (see ``_empty_apart``).
 APART_BYTES = 256
+
+#: Arrays from this size on are placed :data:`APART_BYTES` apart. glibc maps
+#: blocks this large (32 MiB, its largest mmap threshold) fresh from the
+#: kernel, so every one of them starts at the same place in a page; smaller
+#: ones come from the heap at varying places, and moving them bought nothing
+#: (about 5 % slower at (8, 512, 1024) float32, three runs each way).
+APART_FROM_BYTES = 32 * 2**20
 _PAGE = 4096
 
 
 def _empty_apart(shape: tuple[int, ...], dtype, *others: np.ndarray) -> np.ndarray:
     """``np.empty(shape, dtype)`` starting at least ``APART_BYTES`` from each of
-    ``others``, modulo 4 KiB.
+    ``others``, modulo 4 KiB, if it is :data:`APART_FROM_BYTES` or larger.
 
     Why: large arrays start at the same place in a page (the allocator maps
     them fresh), and when a row is a multiple of 4 KiB long (``D = 1024``
     float32) element ``j`` of every row of every array then sits at the same
-    address modulo 4 KiB. The L1 cache picks a line's set from those address
-    bits, so the loop's eight or more streams compete for the eight ways of
-    one set. Arrays this module allocates (``xhat``, ``y``, ``dx`` and float16
+    address modulo 4 KiB. Those are the bits that pick a line's L1 set (eight
+    ways, against eight or more streams) and, on many machines, the memory
+    channel, so the loop's streams all hit the same one. Arrays this module
+    allocates (``xhat``, ``y``, ``dx`` and float16
     conversions) are moved apart from the ones they are streamed with; at
     (32768, 1024) float32 that took the backward loop from 1.34 to 1.00 ns
     per element on the machine the book is built on.
     """
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if nbytes < APART_FROM_BYTES:
+        return np.empty(shape, dtype)
     taken = [o.ctypes.data % _PAGE for o in others]
 
     def far(t: int) -> bool:

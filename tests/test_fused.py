@@ -274,8 +274,9 @@ def _page_distance(a: np.ndarray, b: np.ndarray) -> int:
 
 
 @pytest.mark.parametrize("offsets", [(16,), (16, 16), (0, 272, 2064), (4032, 64, 512)])
-def test_arrays_are_placed_apart_modulo_a_page(offsets):
+def test_arrays_are_placed_apart_modulo_a_page(monkeypatch, offsets):
     # Arrays at chosen places in a page stand for the inputs a loop streams.
+    monkeypatch.setattr(fused, "APART_FROM_BYTES", 0)
     buf = np.empty(3 * 8192, np.uint8)
     base = (-buf.ctypes.data) % 4096
     others = [buf[base + 4096 * i + o :][:64] for i, o in enumerate(offsets)]
@@ -286,10 +287,23 @@ def test_arrays_are_placed_apart_modulo_a_page(offsets):
     assert fused._empty_apart((0, 4), np.float64, *others).shape == (0, 4)
 
 
+def test_only_large_arrays_are_moved():
+    # From APART_FROM_BYTES on (np.empty touches no memory: this is cheap).
+    others = [np.empty(fused.APART_FROM_BYTES // 4, np.float32)]
+    big = fused._empty_apart((fused.APART_FROM_BYTES // 4,), np.float32, *others)
+    assert _page_distance(big, others[0]) >= fused.APART_BYTES
+    small = fused._empty_apart((16,), np.float32, *others)
+    assert small.flags.owndata
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-def test_outputs_are_apart_from_the_arrays_they_are_streamed_with(dtype):
+def test_outputs_are_apart_from_the_arrays_they_are_streamed_with(
+    monkeypatch, dtype
+):
     # Rows of 4 KiB (D = 1024 float32) put element j of every row of every
-    # array at the same place in a page; the library's own arrays move apart.
+    # array at the same place in a page; the library's own arrays move apart
+    # (from APART_FROM_BYTES on: set to 0 here to keep the arrays small).
+    monkeypatch.setattr(fused, "APART_FROM_BYTES", 0)
     x, gamma, beta, dy = make_inputs((8, 1024), dtype, seed=2)
     y, cache = fused.forward(x, gamma, beta)
     dx, _, _ = fused.backward(dy, cache)
