@@ -125,22 +125,42 @@ def test_dgamma_and_dbeta_are_the_same_bits_on_every_call():
             assert np.array_equal(a, b)
 
 
+def _documented_blocks(rows: int, D: int) -> list[np.ndarray]:
+    """The rows of each dgamma/dbeta block, in the order fused.py documents."""
+    if D < fused.GROUP_FROM_D:
+        return [np.arange(b, min(b + fused.BLOCK_ROWS, rows))
+                for b in range(0, rows, fused.BLOCK_ROWS)]
+    quarter = rows // 4
+    per_block = fused.BLOCK_ROWS // 4
+    grouped = [
+        np.concatenate([np.arange(q0, min(q0 + per_block, quarter)) + k * quarter
+                        for k in range(4)])
+        for q0 in range(0, quarter, per_block)
+    ]
+    rest = range(4 * quarter, rows, fused.BLOCK_ROWS)
+    return grouped + [np.arange(b, min(b + fused.BLOCK_ROWS, rows)) for b in rest]
+
+
 @pytest.mark.parametrize("D", [16, fused.GROUP_FROM_D + 1])
 def test_dgamma_is_summed_per_block_then_across_blocks(D):
-    # The documented order: float64 sums over each block of BLOCK_ROWS rows, then
-    # block 0 + block 1 + ... Rebuilt here with NumPy in float64. Long rows go
-    # in groups of four inside a block; the tail of a block goes one by one.
+    # The documented order: float64 sums over each block, then block 0 +
+    # block 1 + ... Short rows: blocks of BLOCK_ROWS neighbouring rows. Long
+    # rows go in groups of four rows a quarter of the batch apart, BLOCK_ROWS/4
+    # groups per block, and the rows left over after them in blocks of their
+    # own. Rebuilt here with NumPy in float64.
     rows = 2 * fused.BLOCK_ROWS + 5
     x, gamma, beta, dy = make_inputs((rows, D), np.float64, seed=9)
     _, cache = fused.forward(x, gamma, beta)
     _, dgamma, dbeta = fused.backward(dy, cache)
     p = dy * cache.xhat
-    blocks = range(0, rows, fused.BLOCK_ROWS)
+    blocks = _documented_blocks(rows, D)
+    assert sorted(np.concatenate(blocks)) == list(range(rows))
+    assert len(blocks) == fused._block_count(rows, D)
     dgamma_ref = np.zeros(D)
     dbeta_ref = np.zeros(D)
-    for b in blocks:
-        dgamma_ref += p[b : b + fused.BLOCK_ROWS].sum(0)
-        dbeta_ref += dy[b : b + fused.BLOCK_ROWS].sum(0)
+    for block in blocks:
+        dgamma_ref += p[block].sum(0)
+        dbeta_ref += dy[block].sum(0)
     # The loop and NumPy associate the sums differently: they differ by
     # float64 rounding only.
     scale = np.abs(p).sum(0)
@@ -171,8 +191,9 @@ def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
 @pytest.mark.parametrize("D", [16, fused.GROUP_FROM_D])
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 def test_nonfinite_values_stay_in_their_row(bad, D):
-    # Rows 1 and 3 share a group of four with rows 0 and 2 when D is long.
-    x, gamma, beta, dy = make_inputs((6, D), np.float32, seed=4)
+    # When D is long, rows 1 and 3 share a group of four with rows 5 and 7
+    # (groups are rows q, q + 2, q + 4, q + 6 here; row 8 goes alone).
+    x, gamma, beta, dy = make_inputs((9, D), np.float32, seed=4)
     x_bad = x.copy()
     x_bad[3, 5] = bad
     dy_bad = dy.copy()
@@ -181,7 +202,7 @@ def test_nonfinite_values_stay_in_their_row(bad, D):
     dx, dgamma, dbeta = fused.backward(dy_bad, cache)
     assert not np.isfinite(y[3]).any() and not np.isfinite(dx[3]).any()
     assert not np.isfinite(dx[1]).any()
-    good = [0, 2, 4, 5]
+    good = [0, 2, 4, 5, 6, 7, 8]
     y_ref, cache_ref = fused.forward(x, gamma, beta)
     assert np.array_equal(y[good], y_ref[good])
     assert np.array_equal(dx[good], fused.backward(dy, cache_ref)[0][good])
