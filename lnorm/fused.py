@@ -352,9 +352,10 @@ def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, dx,
 def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
     """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b``.
 
-    With groups (see :data:`GROUP_ROWS`), block ``b`` holds the groups
-    ``q = b * BLOCK_ROWS // 4`` onwards, rows ``q + k * Q``; the rows left over
-    after ``4 * Q`` follow one by one in blocks of their own (``_block_count``).
+    With groups (see :data:`GROUP_ROWS`), group ``q`` is the rows ``q + k * Q``
+    (``k = 0..3``, ``Q = rows // 4``) and block ``b`` holds groups ``b * G`` to
+    ``b * G + G - 1``, ``G = BLOCK_ROWS // 4``; the rows from ``4 * Q`` on go
+    one by one, in blocks of their own after those (``_block_count``).
     """
     rows, D = dy.shape
     dx_buf = np.empty(D, dtype=dx.dtype)
