@@ -51,6 +51,8 @@ from functools import cache
 
 import sympy as sp
 
+from .symbolic import IDENTITIES
+
 __all__ = [
     "RowSums",
     "row_sums",
@@ -303,16 +305,9 @@ def vanishes(expr: sp.Expr) -> bool:
     return _in_s(expr) == 0
 
 
-#: The identities proved for every ``D`` (see :func:`general_residual`): the
-#: names of :data:`lnorm.symbolic.IDENTITIES`.
-GENERAL_IDENTITIES = (
-    "closed_form",
-    "symmetric",
-    "shift",
-    "scale",
-    "compact_vjp",
-    "mean_path",
-)
+#: The identities proved for every ``D`` (see :func:`general_residual`): those
+#: :mod:`lnorm.symbolic` proves for one ``D`` at a time.
+GENERAL_IDENTITIES = IDENTITIES
 
 
 def _N(r: RowSums, i: sp.Expr, j: sp.Expr) -> sp.Expr:

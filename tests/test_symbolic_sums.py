@@ -32,18 +32,29 @@ def test_an_unknown_identity_is_refused():
 # --- wrong formulas must not vanish: the proofs can fail ----------------------
 
 
-def _vjp():
-    return sp.diff(R.row_sum(R.dy[R.i] * R.y(R.i), R.i), R.x[R.j])
+UNBIASED = R.row_sum((R.x[K] - R.mu) ** 2, K) / (R.D - 1)
 
 
-def _compact(mean_g_scale=1, var=None):
-    """The compact dx, optionally with a fault."""
-    rstd = R.rstd if var is None else 1 / sp.sqrt(var + R.eps)
+def _rstd(var=None):
+    return R.rstd if var is None else 1 / sp.sqrt(var + R.eps)
+
+
+def _vjp(var=None):
+    """SymPy's d(sum dy * y)/dx_j, for the forward with this variance."""
+    rstd = _rstd(var)
+    y = R.gamma[R.i] * (R.x[R.i] - R.mu) * rstd + R.beta[R.i]
+    return sp.diff(R.row_sum(R.dy[R.i] * y, R.i), R.x[R.j])
+
+
+def _compact(mean_g_scale=1, var=None, last_scale=1):
+    """The compact dx, optionally with a fault (or the unbiased factor)."""
+    rstd = _rstd(var)
     g = R.gamma[K] * R.dy[K]
     xhat = lambda p: (R.x[p] - R.mu) * rstd  # noqa: E731
     mean_g = mean_g_scale * R.row_sum(g, K) / R.D
     mean_gxhat = R.row_sum(g * xhat(K), K) / R.D
-    return rstd * (R.gamma[R.j] * R.dy[R.j] - mean_g - xhat(R.j) * mean_gxhat)
+    g_j = R.gamma[R.j] * R.dy[R.j]
+    return rstd * (g_j - mean_g - last_scale * xhat(R.j) * mean_gxhat)
 
 
 def test_the_right_compact_dx_vanishes():
@@ -56,27 +67,17 @@ def test_dx_without_the_mean_of_g_is_refused():
 
 
 def test_dx_with_the_unbiased_variance_is_refused():
-    unbiased = R.row_sum((R.x[K] - R.mu) ** 2, K) / (R.D - 1)
-    assert not G.vanishes(_vjp() - _compact(var=unbiased))
+    assert not G.vanishes(_vjp() - _compact(var=UNBIASED))
 
 
 def test_the_unbiased_formula_is_proved_with_its_own_variance():
     # With sum/(D - 1) in the forward, dx gets a factor D/(D - 1) on its last
     # term (chapter 2, exercise ex-der-unbiased): proved for every D >= 2, and
     # the factor is needed.
-    unbiased = R.row_sum((R.x[K] - R.mu) ** 2, K) / (R.D - 1)
-    rstd = 1 / sp.sqrt(unbiased + R.eps)
-    y = lambda p: R.gamma[p] * (R.x[p] - R.mu) * rstd + R.beta[p]  # noqa: E731
-    loss = R.row_sum(R.dy[R.i] * y(R.i), R.i)
-    vjp = sp.diff(loss, R.x[R.j])
-    g = R.gamma[K] * R.dy[K]
-    xhat = lambda p: (R.x[p] - R.mu) * rstd  # noqa: E731
-    mean_g = R.row_sum(g, K) / R.D
-    mean_gxhat = R.row_sum(g * xhat(K), K) / R.D
-    g_j = R.gamma[R.j] * R.dy[R.j]
-    right = rstd * (g_j - mean_g - R.D / (R.D - 1) * xhat(R.j) * mean_gxhat)
+    vjp = _vjp(var=UNBIASED)
+    right = _compact(var=UNBIASED, last_scale=R.D / (R.D - 1))
     assert G.vanishes(vjp - right)
-    assert not G.vanishes(vjp - _compact(var=unbiased))
+    assert not G.vanishes(vjp - _compact(var=UNBIASED))
 
 
 def test_a_closed_form_without_the_mean_term_is_refused():
