@@ -13,10 +13,16 @@ backward:
     ``block_rows=tile_rows(D)``: the NumPy formula in float64 on blocks of
     rows whose temporaries stay in cache.
 ``fused``
-    :mod:`lnorm.fused`, one compiled pass per row (what ``lnorm.forward`` and
-    ``lnorm.backward`` run by default).
+    :mod:`lnorm.fused`, one compiled pass per row, writing into output arrays
+    allocated once (``out=``), as the copy writes into its destination and a
+    training loop reuses its buffers;
 
-and, in every repetition, the **floor**: a copy (``np.copyto``) between two
+and, beside the ladder, ``default``: :func:`lnorm.forward` /
+:func:`lnorm.backward` with no options, which run the fused loop into new
+arrays. Its time over ``fused`` is the price of fresh memory (the operating
+system zeroes each new page when it is first written).
+
+In every repetition, the **floor**, the **floor**: a copy (``np.copyto``) between two
 arrays of at least four times the last-level cache, which gives the copy
 bandwidth ``B`` (bytes read plus written per second). An operation that must
 move ``b`` bytes (each input read once, each output written once:
@@ -57,6 +63,7 @@ from pathlib import Path
 import numpy as np
 from threadpoolctl import threadpool_info, threadpool_limits
 
+from . import fused
 from .core import (
     SUPPORTED_DTYPES,
     backward,
@@ -72,6 +79,7 @@ __all__ = [
     "DEFAULT_SHAPES",
     "QUICK_SHAPES",
     "IMPLEMENTATIONS",
+    "MEASURED",
     "reference_forward",
     "reference_backward",
     "make_inputs",
@@ -95,6 +103,8 @@ DEFAULT_SHAPES = ((8, 512, 1024), (32, 1024, 1024))
 QUICK_SHAPES = ((8, 512, 1024),)
 #: The rungs of the ladder, slowest first.
 IMPLEMENTATIONS = ("reference", "tiled", "fused")
+#: What :func:`run` times: the ladder and the library's default call.
+MEASURED = IMPLEMENTATIONS + ("default",)
 EPS = 1e-5
 MIB = 2**20
 
@@ -455,13 +465,21 @@ def _calls(shape, dtype, block_rows: int | None, seed: int):
     br = tile_rows(D) if block_rows is None else block_rows
     _, saved = reference_forward(x, gamma, beta)
     _, cache = forward(x, gamma, beta)
+    # The fused rung's outputs, allocated once, apart from the arrays each
+    # loop streams with (fused.empty_apart).
+    y_buf = fused.empty_apart(x.shape, x.dtype, x)
+    xhat_buf = fused.empty_apart(x.shape, x.dtype, x, y_buf)
+    dx_buf = fused.empty_apart(x.shape, x.dtype, dy, cache.xhat)
     calls = {
         ("reference", "forward"): lambda: reference_forward(x, gamma, beta),
         ("reference", "backward"): lambda: reference_backward(dy, saved, gamma),
         ("tiled", "forward"): lambda: forward(x, gamma, beta, block_rows=br),
         ("tiled", "backward"): lambda: backward(dy, cache, block_rows=br),
-        ("fused", "forward"): lambda: forward(x, gamma, beta),
-        ("fused", "backward"): lambda: backward(dy, cache),
+        ("fused", "forward"): lambda: fused.forward(x, gamma, beta,
+                                                    out=(y_buf, xhat_buf)),
+        ("fused", "backward"): lambda: fused.backward(dy, cache, out=dx_buf),
+        ("default", "forward"): lambda: forward(x, gamma, beta),
+        ("default", "backward"): lambda: backward(dy, cache),
     }
     return calls, br
 
@@ -556,7 +574,7 @@ def run(
     r"""Measure the ladder against the copy floor; return a JSON-ready dict.
 
     Every repetition times the copy yardstick (:func:`copy_arrays`) and each
-    implementation of :data:`IMPLEMENTATIONS` in both directions, in a
+    entry of :data:`MEASURED` in both directions, in a
     shuffled order (:func:`time_round_robin`).
 
     Parameters
@@ -603,7 +621,7 @@ def run(
     --------
     >>> r = run([(4, 8)], repeat=1, progress=False)
     >>> sorted({row["impl"] for row in r["results"]})
-    ['fused', 'reference', 'tiled']
+    ['default', 'fused', 'reference', 'tiled']
     """
     repeat = check_int(repeat, "repeat", 1)
     threads = check_int(threads, "threads", 1)
@@ -915,7 +933,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ...     status = main(["--shape", "4", "8", "--repeat", "1", "--json"])
     >>> report = json.loads(out.getvalue())
     >>> status, sorted(report), len(report["results"])
-    (0, ['copy_bytes', 'machine', 'repeat', 'results', 'seed'], 6)
+    (0, ['copy_bytes', 'machine', 'repeat', 'results', 'seed'], 8)
     """
     args = _parse(argv)
     shapes = args.shape or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)

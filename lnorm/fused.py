@@ -20,7 +20,9 @@ Per row of length ``D``:
   at least :data:`GROUP_FROM_D` elements take the first sweep four rows at
   a time, a quarter of the batch apart, which loads and stores the
   ``dgamma``/``dbeta`` accumulators once per four rows instead of once per
-  row.
+  row. While it writes ``dx``, the loop asks for the rows it will read
+  :data:`PREFETCH_GROUPS` groups later (software prefetch), so that main
+  memory keeps working while the core computes.
 
 Same signatures, checks, errors, dtype policy and :class:`LayerNormCache`
 as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
@@ -34,9 +36,10 @@ as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
 * NaN and Inf stay in their row: the fast-math flags are ``reassoc`` (LLVM
   may split a row's sum over vector lanes) and ``contract`` (fused
   multiply-adds), never ``nnan`` or ``ninf``; the sweep that writes ``dx``
-  leaves ``contract`` out, because a fused multiply-add in ``g - mean(g)``
-  would keep the rounding error of ``g`` and make ``dx`` of a row with
-  ``D = 1`` nonzero;
+  takes no flag: it has no sum to split, ``reassoc`` made LLVM divide by
+  ``D`` once per element there, and ``contract`` would keep the rounding
+  error of ``g`` in ``g - mean(g)`` (a row with ``D = 1`` would get a
+  nonzero ``dx``);
 * a constant row is exact (``xhat = 0``, ``y = beta``, ``dx = 0``).
 
 float16: Numba has no float16 arrays on the CPU, so float16 inputs are
@@ -47,15 +50,23 @@ extra passes over memory, which :func:`lnorm.cost.traffic` counts
 The large arrays allocated here (``xhat``, ``y``, ``dx``, float16
 conversions) start :data:`APART_BYTES` or more from the arrays they are
 streamed with, modulo 4 KiB, so that rows of 4 KiB do not send every stream
-to the same address bits at once (see ``_empty_apart``).
+to the same address bits at once (see ``empty_apart``).
 
-Large outputs are written with non-temporal (streaming) stores: a plain
+A large ``dx`` is written with non-temporal (streaming) stores: a plain
 store to memory that is not in cache first reads the line it writes
 (write-allocate), so a row written plainly moves twice its bytes; a
 streaming store writes the line without reading it. For outputs that fit
 in the last-level cache plain stores are faster (the next reader finds
-them in cache), so streaming is used from :data:`STREAM_BYTES` of output
-on.
+them in cache), so streaming is used from :data:`STREAM_BYTES` of ``dx``
+on. The forward writes its two outputs plainly: two streams of streaming
+stores ran at half the speed of plain stores on the machine the book is
+built on.
+
+Both functions take ``out=``, arrays to write into instead of new ones
+(allocate them with :func:`empty_apart`). A new array of many megabytes is
+fresh memory from the operating system, which zeroes each page when it is
+first written: a pass over the output that a training loop reusing its
+buffers does not pay.
 
 The cost chapter (``book/05_cost.md``) measures these loops against the
 copy bandwidth and explains why each detail above matters.
@@ -86,7 +97,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .core import ACC_DTYPE, LayerNormCache, make_cache
-from .validate import as_rows, check_dy, check_eps, check_param
+from .validate import as_rows, check_dy, check_eps, check_out, check_param
 
 __all__ = [
     "forward",
@@ -97,6 +108,9 @@ __all__ = [
     "STREAM_BYTES",
     "APART_BYTES",
     "APART_FROM_BYTES",
+    "PREFETCH_GROUPS",
+    "SPAN",
+    "empty_apart",
 ]
 
 #: Rows per block of the ``dgamma``/``dbeta`` partial sums.
@@ -124,14 +138,29 @@ GROUP_FROM_D = 768
 #: Inf propagate as in NumPy.
 FASTMATH = {"reassoc", "contract"}
 
-#: The loop that writes dx leaves contraction out — a fused multiply-add in
-#: ``g - mean(g)`` would keep the rounding error of ``g = dy * gamma``, and a
-#: row of length one would get a nonzero ``dx``.
-FASTMATH_DX = {"reassoc"}
+#: The loop that writes dx takes no fast-math flag. It has no sum to split,
+#: so it vectorizes without ``reassoc``; with it, LLVM rewrote
+#: ``xhat * (s / D)`` as ``(xhat * s) / D``, a division per element (about
+#: 15 % of the backward's time). And contraction would turn ``g - mean(g)``
+#: into a fused multiply-add that keeps the rounding error of
+#: ``g = dy * gamma``: a row of length one would get a nonzero ``dx``.
+FASTMATH_DX = False
+
+#: Groups of rows ahead whose ``dy`` and ``xhat`` the backward asks for while
+#: it writes ``dx`` (see :data:`SPAN`).
+PREFETCH_GROUPS = 2
+
+#: Elements of ``dx`` written between two prefetch requests: after each span
+#: of a row's ``dx``, the loop asks for the same span of the rows
+#: :data:`PREFETCH_GROUPS` groups ahead. The sweep that writes ``dx`` reads
+#: only from cache, so without these requests main memory would idle while
+#: it runs.
+SPAN = 256
 
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
 _VECTOR_BYTES = 32  # one AVX register: the unit of a streaming store
+_LINE_BYTES = 64  # a cache line: the unit of a prefetch
 
 
 def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
@@ -199,6 +228,32 @@ def _stream_vectors(typingctx, dst, dst_start, src, nvec):
 
 
 @intrinsic
+def _prefetch(typingctx, arr, index):
+    """Ask for the cache line holding ``arr[index]`` to be brought into L2.
+
+    A hint (``prefetcht1``): it never faults and the loop does not wait
+    for it.
+    """
+    sig = types.void(arr, index)
+
+    def codegen(context, builder, signature, args):
+        aty, _ = signature.args
+        a, i = args
+        ptr = cgutils.get_item_pointer(
+            context, builder, aty, context.make_array(aty)(context, builder, a),
+            [i], wraparound=False,
+        )
+        i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        # read, locality 2 (L2 and up), data cache
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(2), i32(1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def _sfence(typingctx):
     """Order the streaming stores before everything after them."""
     sig = types.void()
@@ -234,6 +289,13 @@ def _store_row(dst, buf, address):
 
 # --- the row loops ----------------------------------------------------------------
 
+@nb.njit(cache=True, inline="always")
+def _prefetch_span(row, start, stop):
+    """Ask for ``row[start:stop]``, one request per cache line."""
+    for j in range(start, min(stop, row.shape[0]), _LINE_BYTES // row.itemsize):
+        _prefetch(row, j)
+
+
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
 def _normalize_row(x, gamma, beta, eps, y, xhat):
     """One row: its statistics in float64, then ``xhat`` and ``y``. Returns rstd."""
@@ -268,20 +330,9 @@ def _is_constant(x):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH)
-def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address, xhat_address):
-    rows, D = x.shape
-    y_buf = np.empty(D, dtype=y.dtype)
-    xhat_buf = np.empty(D, dtype=xhat.dtype)
-    row_bytes = D * y.itemsize
-    for r in range(rows):
-        if stream:
-            rstd[r] = _normalize_row(x[r], gamma, beta, eps, y_buf, xhat_buf)
-            _store_row(y[r], y_buf, y_address + r * row_bytes)
-            _store_row(xhat[r], xhat_buf, xhat_address + r * row_bytes)
-        else:
-            rstd[r] = _normalize_row(x[r], gamma, beta, eps, y[r], xhat[r])
-    if stream:
-        _sfence()
+def _forward_rows(x, gamma, beta, eps, y, xhat, rstd):
+    for r in range(x.shape[0]):
+        rstd[r] = _normalize_row(x[r], gamma, beta, eps, y[r], xhat[r])
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
@@ -333,17 +384,29 @@ def _group_sums(dy, xhat, r, step, gamma, dgamma, dbeta):
     return (g0, g1, g2, g3), (gx0, gx1, gx2, gx3)
 
 
+@nb.njit(cache=True, fastmath=FASTMATH_DX, inline="always")
+def _dx_span(dy, xhat, gamma, rstd, mean_g, mean_gxhat, dx):
+    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), element by element."""
+    for j in range(dy.shape[0]):
+        g = np.float64(dy[j]) * gamma[j]
+        dx[j] = rstd * (g - mean_g - np.float64(xhat[j]) * mean_gxhat)
+
+
 @nb.njit(cache=True, fastmath=FASTMATH_DX)
 def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, dx,
-            dx_buf, stream, address):
-    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) of one row."""
+            dx_buf, stream, address, dy_ahead, xhat_ahead):
+    """``dx`` of one row from its two sums, :data:`SPAN` elements at a time;
+    after each span, a request for the same span of ``dy_ahead`` and
+    ``xhat_ahead`` (rows to come; empty for none)."""
     D = dy.shape[0]
     mean_g = sum_g / D
     mean_gxhat = sum_gxhat / D
     out = dx_buf if stream else dx
-    for j in range(D):
-        g = np.float64(dy[j]) * gamma[j]
-        out[j] = rstd * (g - mean_g - np.float64(xhat[j]) * mean_gxhat)
+    for a in range(0, D, SPAN):
+        b = min(a + SPAN, D)
+        _dx_span(dy[a:b], xhat[a:b], gamma[a:b], rstd, mean_g, mean_gxhat, out[a:b])
+        _prefetch_span(dy_ahead, a, b)
+        _prefetch_span(xhat_ahead, a, b)
     if stream:
         _store_row(dx, dx_buf, address)
 
@@ -374,16 +437,21 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
         sums_g, sums_gxhat = _group_sums(
             dy, xhat, q, quarter, gamma, dgamma[b], dbeta[b]
         )
+        # The group PREFETCH_GROUPS ahead: its row k is asked for while row k
+        # of this group is written.
+        ahead = min(q + PREFETCH_GROUPS, quarter - 1)
         for k in range(GROUP_ROWS):
             r = q + k * quarter
             _dx_row(dy[r], xhat[r], gamma, rstd[r], sums_g[k], sums_gxhat[k],
-                    dx[r], dx_buf, stream, dx_address + r * row_bytes)
+                    dx[r], dx_buf, stream, dx_address + r * row_bytes,
+                    dy[ahead + k * quarter], xhat[ahead + k * quarter])
     first = GROUP_ROWS * quarter
     for r in range(first, rows):
         b = grouped_blocks + (r - first) // BLOCK_ROWS
         sum_g, sum_gxhat = _row_sums(dy[r], xhat[r], gamma, dgamma[b], dbeta[b])
+        ahead = min(r + PREFETCH_GROUPS, rows - 1)
         _dx_row(dy[r], xhat[r], gamma, rstd[r], sum_g, sum_gxhat, dx[r], dx_buf,
-                stream, dx_address + r * row_bytes)
+                stream, dx_address + r * row_bytes, dy[ahead], xhat[ahead])
     if stream:
         _sfence()
 
@@ -397,7 +465,7 @@ def _block_count(rows: int, D: int) -> int:
 # --- where large arrays start ----------------------------------------------------
 
 #: Bytes between the starts of two arrays that one loop streams through
-#: together, modulo a 4 KiB page (see ``_empty_apart``).
+#: together, modulo a 4 KiB page (see ``empty_apart``).
 APART_BYTES = 256
 
 #: Arrays from this size on are placed :data:`APART_BYTES` apart. glibc maps
@@ -409,10 +477,34 @@ APART_FROM_BYTES = 32 * 2**20
 _PAGE = 4096
 
 
-def _empty_apart(shape: tuple[int, ...], dtype, *others: np.ndarray) -> np.ndarray:
-    """``np.empty(shape, dtype)`` starting at least ``APART_BYTES`` from each of
-    ``others``, modulo 4 KiB, if it is :data:`APART_FROM_BYTES` or larger.
+def empty_apart(shape, dtype, *others: np.ndarray) -> np.ndarray:
+    r"""``np.empty(shape, dtype)``, placed in its page away from ``others``.
 
+    An array of :data:`APART_FROM_BYTES` or more starts at least
+    :data:`APART_BYTES` from each of ``others``, modulo 4 KiB; a smaller one
+    is plain ``np.empty``. Use it for the ``out=`` buffers of :func:`forward`
+    and :func:`backward`, with the arrays the loop streams through together
+    as ``others``: ``x`` (and the other output) for the forward, ``dy`` and
+    ``cache.xhat`` for the backward.
+
+    Parameters
+    ----------
+    shape : int or tuple of int
+        Shape of the array.
+    dtype : dtype
+        Its dtype.
+    *others : ndarray
+        Arrays to keep away from (up to seven are always honoured; with more,
+        the start farthest from the nearest of them).
+
+    Returns
+    -------
+    ndarray
+        Uninitialized, C-contiguous, writeable; a view into a slightly larger
+        buffer when it was moved.
+
+    Notes
+    -----
     Why: large arrays start at the same place in a page (the allocator maps
     them fresh), and when a row is a multiple of 4 KiB long (``D = 1024``
     float32) element ``j`` of every row of every array then sits at the same
@@ -423,17 +515,29 @@ def _empty_apart(shape: tuple[int, ...], dtype, *others: np.ndarray) -> np.ndarr
     apart from the ones they are streamed with; at
     (32768, 1024) float32 that took the backward loop from 1.34 to 1.00 ns
     per element on the machine the book is built on.
+
+    Examples
+    --------
+    >>> x = np.zeros((2**14, 1024), np.float32)  # 64 MiB
+    >>> y = empty_apart(x.shape, x.dtype, x)
+    >>> y.shape, (y.ctypes.data - x.ctypes.data) % 4096 >= APART_BYTES
+    ((16384, 1024), True)
     """
+    shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
     nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     if nbytes < APART_FROM_BYTES:
         return np.empty(shape, dtype)
     taken = [o.ctypes.data % _PAGE for o in others]
 
-    def far(t: int) -> bool:
-        return all(min((t - a) % _PAGE, (a - t) % _PAGE) >= APART_BYTES for a in taken)
+    def nearest(t: int) -> int:
+        return min((min((t - a) % _PAGE, (a - t) % _PAGE) for a in taken), default=_PAGE)
 
-    # At most three others, each ruling out under 2 * APART_BYTES: one is free.
-    target = next(t for t in range(0, _PAGE, 64) if far(t))
+    # Each other rules out fewer than 2 * APART_BYTES / 64 = 8 of the 64
+    # line-aligned starts, so for up to seven others one is free.
+    starts = range(0, _PAGE, 64)
+    target = next((t for t in starts if nearest(t) >= APART_BYTES), None)
+    if target is None:
+        target = max(starts, key=nearest)
     buf = np.empty(nbytes + _PAGE, dtype=np.uint8)
     start = (target - buf.ctypes.data) % _PAGE
     return buf[start : start + nbytes].view(dtype).reshape(shape)
@@ -451,16 +555,31 @@ def _rows_for_loop(a: np.ndarray, *apart: np.ndarray) -> np.ndarray:
     rows = a.reshape(-1, a.shape[-1])
     if rows.dtype == dtype and rows.flags.c_contiguous:
         return rows
-    out = _empty_apart(rows.shape, dtype, *apart)
+    out = empty_apart(rows.shape, dtype, *apart)
     np.copyto(out, rows)
     return out
 
 
-def _streams(*outputs: np.ndarray) -> bool:
-    return sum(o.nbytes for o in outputs) >= STREAM_BYTES
+def _output(out, like: np.ndarray, *apart: np.ndarray) -> np.ndarray:
+    """Where the loop writes an output with the rows' shape and dtype of ``like``:
+    ``out`` itself when it has them, else a new array apart from ``apart``."""
+    if out is not None and out.dtype == like.dtype:
+        return out.reshape(like.shape)
+    return empty_apart(like.shape, like.dtype, *apart)
 
 
-def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCache]:
+def _deliver(result: np.ndarray, out, shape, dtype) -> np.ndarray:
+    """``result`` in ``shape`` and ``dtype``: in ``out`` when one was given."""
+    if out is None:
+        return result.reshape(shape).astype(dtype, copy=False)
+    if result.ctypes.data != out.ctypes.data:  # the loop wrote elsewhere
+        np.copyto(out, result.reshape(shape), casting="same_kind")
+    return out
+
+
+def forward(
+    x, gamma, beta, eps: float = 1e-5, *, out=None
+) -> tuple[np.ndarray, LayerNormCache]:
     r"""Normalize each row over the last axis in one compiled pass per row.
 
     ``y = gamma * (x - mean) / sqrt(var + eps) + beta`` per row, as
@@ -482,11 +601,18 @@ def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCac
         Scale and shift, floating. Not modified.
     eps : float, default 1e-5
         Finite and > 0.
+    out : tuple of two ndarrays, optional
+        ``(y, xhat)``: C-contiguous arrays of the shape and dtype of ``x`` to
+        write the output and ``xhat`` into, instead of new arrays. A
+        training loop that passes the same buffers every step saves the
+        kernel the zeroing of fresh pages (see Notes). The cache then holds a
+        read-only view of the ``xhat`` buffer: writing into that buffer again
+        (the next step's forward) changes what the cache holds.
 
     Returns
     -------
     y : ndarray, shape and dtype of ``x``
-        The output.
+        The output (``out[0]`` when given).
     cache : LayerNormCache
         ``xhat`` (dtype of ``x``), ``rstd`` (float64) and a copy of ``gamma``.
 
@@ -497,6 +623,10 @@ def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCac
     ValueError
         A 0-d ``x``, ``D = 0``, ``gamma``/``beta`` not of shape ``(D,)``,
         ``eps`` not finite and > 0.
+    TypeError, ValueError
+        ``out`` not two arrays that :func:`lnorm.validate.check_out` accepts
+        (shape and dtype of ``x``, C-contiguous, writeable, sharing no memory
+        with ``x`` or with each other).
 
     See Also
     --------
@@ -508,8 +638,12 @@ def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCac
     Notes
     -----
     The first call in a fresh process loads (or compiles) the Numba loops.
-    Outputs of :data:`STREAM_BYTES` or more are written with streaming
-    stores.
+    The outputs are written with plain stores: streaming stores to two
+    outputs at once ran at half the speed on the machine the book is built
+    on. A new output array is memory the operating system has not handed
+    out yet: the first store to each page faults, and the kernel zeroes the
+    page before the loop may write it, a pass over the output the loop
+    cannot avoid unless it is given ``out``.
 
     Examples
     --------
@@ -524,21 +658,34 @@ def forward(x, gamma, beta, eps: float = 1e-5) -> tuple[np.ndarray, LayerNormCac
     beta = check_param(beta, "beta", D)
     eps = check_eps(eps)
 
+    y_out = xhat_out = None
+    if out is not None:
+        if not isinstance(out, tuple) or len(out) != 2:
+            raise TypeError(
+                "out must be a tuple (y, xhat) of two arrays; "
+                f"got {type(out).__name__}."
+            )
+        y_out = check_out(out[0], "out[0] (y)", x.shape, x.dtype, x)
+        xhat_out = check_out(out[1], "out[1] (xhat)", x.shape, x.dtype, x, y_out)
+
     x2 = _rows_for_loop(x)
-    y = _empty_apart(x2.shape, x2.dtype, x2)
-    xhat = _empty_apart(x2.shape, x2.dtype, x2, y)
+    y = _output(y_out, x2, x2)
+    xhat = _output(xhat_out, x2, x2, y)
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     if x2.shape[0]:
         _forward_rows(
-            x2, gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE), eps, y, xhat, rstd,
-            _streams(y, xhat), y.ctypes.data, xhat.ctypes.data,
+            x2, gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE), eps, y, xhat, rstd
         )
-    y = y.reshape(x.shape).astype(x.dtype, copy=False)
-    xhat = xhat.reshape(x.shape).astype(x.dtype, copy=False)
+    y = _deliver(y, y_out, x.shape, x.dtype)
+    xhat = _deliver(xhat, xhat_out, x.shape, x.dtype)
+    if xhat_out is not None:
+        xhat = xhat.view()  # the cache marks its own view read-only, not the buffer
     return y, make_cache(xhat, rstd.reshape(x.shape[:-1]), gamma)
 
 
-def backward(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def backward(
+    dy, cache: LayerNormCache, *, out=None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Compute the gradients of layer normalization in one compiled pass per row.
 
     With ``g = gamma * dy`` and ``mean`` the mean over the row, as
@@ -558,11 +705,14 @@ def backward(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndar
         Upstream gradient, floating. Not modified.
     cache : LayerNormCache
         From :func:`forward` or :func:`lnorm.core.forward`.
+    out : ndarray, optional
+        A C-contiguous array of the shape and dtype of ``x`` to write ``dx``
+        into, instead of a new array (see :func:`forward`'s Notes).
 
     Returns
     -------
     dx : ndarray, shape and dtype of ``x``
-        Gradient with respect to ``x``.
+        Gradient with respect to ``x`` (``out`` when given).
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
         Summed in float64 per block of :data:`BLOCK_ROWS` rows, then over the
         blocks in order: the same bits on every call.
@@ -573,6 +723,16 @@ def backward(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndar
         ``cache`` not a LayerNormCache, or a non-floating ``dy``.
     ValueError
         ``dy`` not of the shape of ``x``.
+    TypeError, ValueError
+        An ``out`` that :func:`lnorm.validate.check_out` refuses (it must not
+        share memory with ``dy`` or the cache's ``xhat``).
+
+    Notes
+    -----
+    While it writes a row's ``dx``, the loop asks for the rows it will read
+    :data:`PREFETCH_GROUPS` groups later, so that main memory keeps working
+    while the core computes. From :data:`STREAM_BYTES` of ``dx`` on, ``dx``
+    is written with streaming stores.
 
     See Also
     --------
@@ -590,24 +750,26 @@ def backward(dy, cache: LayerNormCache) -> tuple[np.ndarray, np.ndarray, np.ndar
     True
     """
     dy = check_dy(dy, cache)
+    if out is not None:
+        out = check_out(out, "out", cache.shape, cache.dtype, dy, cache.xhat)
     D = cache.shape[-1]
     dy2 = _rows_for_loop(dy)
     xhat2 = _rows_for_loop(cache.xhat, dy2)
     rows = dy2.shape[0]
-    dx = _empty_apart(dy2.shape, dy2.dtype, dy2, xhat2)
+    dx = _output(out, dy2, dy2, xhat2)
     blocks = _block_count(rows, D)
     dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
     dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
     if rows:
         _backward_rows(
             dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx,
-            dgamma, dbeta, _streams(dx), dx.ctypes.data,
+            dgamma, dbeta, dx.nbytes >= STREAM_BYTES, dx.ctypes.data,
         )
     # Across blocks in a fixed order: block 0 + block 1 + ... (axis 0).
     dgamma, dbeta = dgamma.sum(axis=0), dbeta.sum(axis=0)
     pdt = cache.gamma.dtype
     return (
-        dx.reshape(cache.shape).astype(cache.dtype, copy=False),
+        _deliver(dx, out, cache.shape, cache.dtype),
         dgamma.astype(pdt),
         dbeta.astype(pdt),
     )

@@ -11,6 +11,7 @@ The checks, in the order a public function calls them:
 * :func:`check_param`: a parameter vector of shape ``(D,)``;
 * :func:`check_positive`, :func:`check_eps`, :func:`check_int`: scalars;
 * :func:`check_cache`, :func:`check_dy`: the arguments of a backward;
+* :func:`check_out`: an array given to be written into (``out=``);
 * :func:`as_dtype`: a dtype argument.
 
 Examples
@@ -43,6 +44,7 @@ __all__ = [
     "check_int",
     "check_cache",
     "check_dy",
+    "check_out",
 ]
 
 #: Floating dtypes the public functions accept.
@@ -460,3 +462,71 @@ def check_dy(dy, cache) -> np.ndarray:
             "forward's output y."
         )
     return dy
+
+
+def check_out(out, name: str, shape: tuple[int, ...], dtype, *inputs) -> np.ndarray:
+    r"""Return ``out`` if a function may write a result of ``shape`` and ``dtype`` into it.
+
+    Parameters
+    ----------
+    out : object
+        The array passed to be written into.
+    name : str
+        Its name in messages.
+    shape : tuple of int
+        The shape of the result.
+    dtype : dtype
+        The dtype of the result.
+    *inputs : ndarray
+        Arrays the function reads while it writes ``out``.
+
+    Returns
+    -------
+    ndarray
+        ``out`` itself.
+
+    Raises
+    ------
+    TypeError
+        ``out`` is not a NumPy array, or not of ``dtype``.
+    ValueError
+        ``out`` is not of ``shape``, not C-contiguous, read-only, or shares
+        memory with one of ``inputs`` (the function would overwrite what it
+        has still to read).
+
+    See Also
+    --------
+    lnorm.fused.forward, lnorm.fused.backward : Take ``out=``.
+
+    Examples
+    --------
+    >>> x = np.ones((2, 3), np.float32)
+    >>> check_out(np.empty((2, 3), np.float32), "out", x.shape, x.dtype, x).shape
+    (2, 3)
+    >>> check_out(x, "out", x.shape, x.dtype, x)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: out shares memory with an input; ...
+    """
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"{name} must be a NumPy array; got {type(out).__name__}.")
+    if out.dtype != np.dtype(dtype):
+        raise TypeError(
+            f"{name} must have dtype {np.dtype(dtype).name}, the dtype of the result; "
+            f"got {out.dtype.name}."
+        )
+    if out.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}; got {out.shape}.")
+    if not out.flags.c_contiguous:
+        raise ValueError(f"{name} must be C-contiguous (np.empty gives one).")
+    if not out.flags.writeable:
+        raise ValueError(
+            f"{name} is read-only. An array held by a LayerNormCache is: "
+            "pass a buffer of your own."
+        )
+    if any(np.may_share_memory(out, a) for a in inputs):
+        raise ValueError(
+            f"{name} shares memory with an input; the function would overwrite "
+            "values it has still to read. Pass a separate array."
+        )
+    return out

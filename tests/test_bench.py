@@ -40,8 +40,9 @@ def test_quick_json_report_is_well_formed(capsys):
     )  # source and destination, each >= 4 x LLC
     rows = report["results"]
     assert {(r["impl"], r["direction"]) for r in rows} == {
-        (impl, d) for impl in bench.IMPLEMENTATIONS for d in ("forward", "backward")
+        (impl, d) for impl in bench.MEASURED for d in ("forward", "backward")
     }
+    assert bench.MEASURED[: len(bench.IMPLEMENTATIONS)] == bench.IMPLEMENTATIONS
     for r in rows:
         assert r["shape"] == [2, 4, 16] and r["dtype"] == "float32"
         s = r["seconds"]
@@ -60,7 +61,7 @@ def test_ratios_are_taken_within_each_round(monkeypatch):
     # With scripted timings, x_floor and the speed-up are medians of per-round
     # ratios, not ratios of medians.
     script = {"copy": [1.0, 2.0, 4.0]}
-    for impl in bench.IMPLEMENTATIONS:
+    for impl in bench.MEASURED:
         for d in ("forward", "backward"):
             script[(impl, d)] = (
                 [1.0, 1.0, 1.0] if impl == "reference" else [0.5, 2.0, 8.0]
@@ -110,8 +111,8 @@ def test_table_has_one_line_per_measurement(capsys):
     out = capsys.readouterr().out
     assert "xfloor" in out and "GB/s" in out
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("(2, 4, 16)")]
-    assert len(lines) == 2 * 3 * 2  # 2 dtypes x 3 implementations x 2 directions
-    assert sum("float16" in ln for ln in lines) == 6
+    assert len(lines) == 2 * 4 * 2  # 2 dtypes x 4 measured x 2 directions
+    assert sum("float16" in ln for ln in lines) == 8
 
 
 def test_progress_line_appears_only_for_long_runs(capsys):
@@ -216,3 +217,21 @@ def test_cache_sizes_are_ordered_when_known():
     assert all(isinstance(v, int) and v > 0 for v in sizes.values())
     levels = [sizes[k] for k in ("L1", "L2", "L3") if k in sizes]
     assert levels == sorted(levels)
+
+
+def test_the_fused_rung_writes_into_buffers_and_default_into_new_arrays():
+    # The fused rung and the floor both write into arrays allocated once; the
+    # default call allocates its outputs. Both give the same values.
+    calls, _ = bench._calls((3, 1024), np.float32, None, 0)
+    y1, c1 = calls["fused", "forward"]()
+    y2, c2 = calls["fused", "forward"]()
+    assert y1 is y2 and np.shares_memory(c1.xhat, c2.xhat)
+    dx1, dg1, _ = calls["fused", "backward"]()
+    dx2, _, _ = calls["fused", "backward"]()
+    assert dx1 is dx2
+    y3, c3 = calls["default", "forward"]()
+    y4, _ = calls["default", "forward"]()
+    dx3, dg3, _ = calls["default", "backward"]()
+    assert y3 is not y4 and not np.shares_memory(y3, y4)
+    assert np.array_equal(y3, y1) and np.array_equal(c3.xhat, c1.xhat)
+    assert np.array_equal(dx3, dx1) and np.array_equal(dg3, dg1)

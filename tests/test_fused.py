@@ -1,7 +1,8 @@
 """Tests for lnorm.fused: the compiled loops equal the NumPy formula of lnorm.core
 to rounding, on every awkward shape, dtype and memory layout; same checks and
 errors; inputs untouched; dgamma/dbeta deterministic; NaN stays in its row;
-the streaming stores change nothing but speed; float32 stays accurate at large
+the streaming stores and the prefetch requests change nothing but speed; out=
+gives the same bits in the caller's arrays; float32 stays accurate at large
 row offsets."""
 
 import numpy as np
@@ -301,19 +302,32 @@ def test_arrays_are_placed_apart_modulo_a_page(monkeypatch, offsets):
     buf = np.empty(3 * 8192, np.uint8)
     base = (-buf.ctypes.data) % 4096
     others = [buf[base + 4096 * i + o :][:64] for i, o in enumerate(offsets)]
-    a = fused._empty_apart((3, 5), np.float32, *others)
+    a = fused.empty_apart((3, 5), np.float32, *others)
     assert a.shape == (3, 5) and a.dtype == np.float32 and a.flags.c_contiguous
     assert a.ctypes.data % 64 == 0
     assert all(_page_distance(a, o) >= fused.APART_BYTES for o in others)
-    assert fused._empty_apart((0, 4), np.float64, *others).shape == (0, 4)
+    assert fused.empty_apart((0, 4), np.float64, *others).shape == (0, 4)
+
+
+def test_placement_with_more_others_than_always_fit(monkeypatch):
+    # 64 line-aligned starts; eight others ruling out 7 each leave 8 free, but
+    # 16 others spread over the page can rule out all: take the farthest.
+    monkeypatch.setattr(fused, "APART_FROM_BYTES", 0)
+    buf = np.empty(17 * 4096, np.uint8)
+    base = (-buf.ctypes.data) % 4096
+    others = [buf[base + 4096 * i + 256 * i :][:64] for i in range(16)]
+    a = fused.empty_apart(7, np.float32, *others)
+    assert a.shape == (7,) and a.ctypes.data % 64 == 0
+    # Every 256th byte is taken: the best start is 128 bytes from its neighbours.
+    assert min(_page_distance(a, o) for o in others) == 128
 
 
 def test_only_large_arrays_are_moved():
     # From APART_FROM_BYTES on (np.empty touches no memory: this is cheap).
     others = [np.empty(fused.APART_FROM_BYTES // 4, np.float32)]
-    big = fused._empty_apart((fused.APART_FROM_BYTES // 4,), np.float32, *others)
+    big = fused.empty_apart((fused.APART_FROM_BYTES // 4,), np.float32, *others)
     assert _page_distance(big, others[0]) >= fused.APART_BYTES
-    small = fused._empty_apart((16,), np.float32, *others)
+    small = fused.empty_apart((16,), np.float32, *others)
     assert small.flags.owndata
 
 
@@ -335,3 +349,83 @@ def test_outputs_are_apart_from_the_arrays_they_are_streamed_with(
         assert _page_distance(dx, dy) >= fused.APART_BYTES
         assert _page_distance(dx, cache.xhat) >= fused.APART_BYTES
     assert y.flags.c_contiguous and dx.flags.c_contiguous
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(5, 1), (0, 4), (fused.BLOCK_ROWS + 7, 800), (2, 3, 8)])
+def test_out_gives_the_same_bits_in_the_given_arrays(dtype, shape):
+    x, gamma, beta, dy = make_inputs(shape, dtype, seed=11)
+    y_new, cache_new = fused.forward(x, gamma, beta)
+    dx_new, dg_new, db_new = fused.backward(dy, cache_new)
+    y_buf = np.full(shape, 7, dtype)  # stale values must all be overwritten
+    xhat_buf = np.full(shape, 7, dtype)
+    dx_buf = np.full(shape, 7, dtype)
+    y, cache = fused.forward(x, gamma, beta, out=(y_buf, xhat_buf))
+    dx, dg, db = fused.backward(dy, cache, out=dx_buf)
+    assert y is y_buf and dx is dx_buf
+    assert x.size == 0 or np.shares_memory(cache.xhat, xhat_buf)
+    assert np.array_equal(y, y_new, equal_nan=True)
+    assert np.array_equal(cache.xhat, cache_new.xhat, equal_nan=True)
+    assert np.array_equal(cache.rstd, cache_new.rstd)
+    for a, b in [(dx, dx_new), (dg, dg_new), (db, db_new)]:
+        assert np.array_equal(a, b, equal_nan=True)
+    # The cache's view is read-only; the caller's buffer stays writeable, so
+    # the next step can reuse it.
+    assert not cache.xhat.flags.writeable and xhat_buf.flags.writeable
+    fused.forward(x, gamma, beta, out=(y_buf, xhat_buf))
+
+
+def test_out_with_another_input_dtype_is_converted_into():
+    # A float64 dy with a float32 forward: dx is computed in float64 and
+    # delivered in float32, in the caller's array.
+    x, gamma, beta, dy = make_inputs((6, 10), np.float32, seed=3)
+    _, cache = fused.forward(x, gamma, beta)
+    dx_new, _, _ = fused.backward(dy.astype(np.float64), cache)
+    out = np.empty((6, 10), np.float32)
+    dx, _, _ = fused.backward(dy.astype(np.float64), cache, out=out)
+    assert dx is out and np.array_equal(out, dx_new)
+
+
+def _bad_outs(x):
+    shape, dt = x.shape, x.dtype
+    return [
+        ([1.0] * shape[-1], TypeError, "NumPy array"),
+        (np.empty(shape, np.float64), TypeError, "dtype float32"),
+        (np.empty(shape[::-1], dt), ValueError, "shape"),
+        (np.empty(shape, dt, order="F"), ValueError, "C-contiguous"),
+        (np.empty(shape, dt)[...].view(), ValueError, "read-only"),
+        (x, ValueError, "shares memory"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_bad_out_is_refused_before_anything_is_written(case):
+    x, gamma, beta, dy = make_inputs((4, 6), np.float32, seed=5)
+    bad, err, words = _bad_outs(x)[case]
+    if words == "read-only":
+        bad.flags.writeable = False
+    good = np.empty_like(x)
+    with pytest.raises(err, match=words):
+        fused.forward(x, gamma, beta, out=(bad, good))
+    with pytest.raises(err, match=words):
+        fused.forward(x, gamma, beta, out=(good, bad))
+    _, cache = fused.forward(x, gamma, beta)
+    if words == "shares memory":
+        bad = dy  # dx may not overwrite the dy it reads
+    with pytest.raises(err, match=words):
+        fused.backward(dy, cache, out=bad)
+
+
+def test_forward_out_must_be_two_separate_arrays():
+    x, gamma, beta, _ = make_inputs((4, 6), np.float32, seed=6)
+    buf = np.empty_like(x)
+    with pytest.raises(TypeError, match="tuple"):
+        fused.forward(x, gamma, beta, out=buf)
+    with pytest.raises(ValueError, match="shares memory"):
+        fused.forward(x, gamma, beta, out=(buf, buf))
+    # dx may not overwrite the xhat it reads, which the cache holds in the
+    # caller's buffer.
+    xhat_buf = np.empty_like(x)
+    _, cache = fused.forward(x, gamma, beta, out=(buf, xhat_buf))
+    with pytest.raises(ValueError, match="shares memory"):
+        fused.backward(x, cache, out=xhat_buf)
