@@ -530,7 +530,8 @@ def empty_apart(shape, dtype, *others: np.ndarray) -> np.ndarray:
     taken = [o.ctypes.data % _PAGE for o in others]
 
     def nearest(t: int) -> int:
-        return min((min((t - a) % _PAGE, (a - t) % _PAGE) for a in taken), default=_PAGE)
+        distances = (min((t - a) % _PAGE, (a - t) % _PAGE) for a in taken)
+        return min(distances, default=_PAGE)
 
     # Each other rules out fewer than 2 * APART_BYTES / 64 = 8 of the 64
     # line-aligned starts, so for up to seven others one is free.

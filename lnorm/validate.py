@@ -465,7 +465,7 @@ def check_dy(dy, cache) -> np.ndarray:
 
 
 def check_out(out, name: str, shape: tuple[int, ...], dtype, *inputs) -> np.ndarray:
-    r"""Return ``out`` if a function may write a result of ``shape`` and ``dtype`` into it.
+    r"""Return ``out`` if a result of ``shape`` and ``dtype`` may be written into it.
 
     Parameters
     ----------

@@ -352,7 +352,9 @@ def test_outputs_are_apart_from_the_arrays_they_are_streamed_with(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(5, 1), (0, 4), (fused.BLOCK_ROWS + 7, 800), (2, 3, 8)])
+@pytest.mark.parametrize(
+    "shape", [(5, 1), (0, 4), (fused.BLOCK_ROWS + 7, 800), (2, 3, 8)]
+)
 def test_out_gives_the_same_bits_in_the_given_arrays(dtype, shape):
     x, gamma, beta, dy = make_inputs(shape, dtype, seed=11)
     y_new, cache_new = fused.forward(x, gamma, beta)
