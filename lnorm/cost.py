@@ -36,7 +36,7 @@ Write-allocate
 On a CPU, a plain store to a line that is not in cache first reads the line
 (write-allocate), so each full-size output costs a read as well as a write
 (``write_allocate=True``, counted in ``bytes_allocated``). Streaming
-(non-temporal) stores, which :mod:`lnorm.fused` uses for large outputs, and
+(non-temporal) stores, which :mod:`lnorm.fused` uses for a large ``dx``, and
 GPU stores write without reading; the GPU chapter counts without it.
 
 The floor
