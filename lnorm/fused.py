@@ -58,9 +58,11 @@ store to memory that is not in cache first reads the line it writes
 streaming store writes the line without reading it. For outputs that fit
 in the last-level cache with the inputs plain stores are faster (the next
 reader finds them in cache), so streaming is used from :data:`STREAM_BYTES`
-of ``dx`` on. The forward writes its two outputs plainly: two streams of streaming
-stores ran at half the speed of plain stores on the machine the book is
-built on.
+of ``dx`` on, for rows long enough to go in groups. A group's ``dx`` then
+waits in a buffer of four rows and goes out span by span while the next
+group's sums are read, so that the writes overlap the reads. The forward
+writes its two outputs plainly: two streams of streaming stores ran at half
+the speed of plain stores on the machine the book is built on.
 
 Both functions take ``out=``, arrays to write into instead of new ones
 (allocate them with :func:`empty_apart`). A new array of many megabytes is
@@ -356,21 +358,17 @@ def _row_sums(dy, xhat, gamma, dgamma, dbeta):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _group_sums(dy, xhat, r, step, gamma, dgamma, dbeta):
-    """:func:`_row_sums` of rows ``r``, ``r + step``, ``r + 2*step`` and
-    ``r + 3*step`` in one sweep.
+def _group_sums(dy0, dy1, dy2, dy3, xh0, xh1, xh2, xh3, gamma, dgamma, dbeta):
+    """:func:`_row_sums` of four rows (or the same span of four rows) in one sweep.
 
     Returns the four ``sum(g)`` and the four ``sum(g * xhat)``. The rows' four
     ``dy * xhat`` (and ``dy``) are added pairwise before they go into
     ``dgamma`` (``dbeta``): one load and one store of each accumulator per
     four rows instead of per row.
     """
-    r1, r2, r3 = r + step, r + 2 * step, r + 3 * step
-    dy0, dy1, dy2, dy3 = dy[r], dy[r1], dy[r2], dy[r3]
-    xh0, xh1, xh2, xh3 = xhat[r], xhat[r1], xhat[r2], xhat[r3]
     g0 = g1 = g2 = g3 = 0.0
     gx0 = gx1 = gx2 = gx3 = 0.0
-    for j in range(dy.shape[1]):
+    for j in range(dy0.shape[0]):
         gj = gamma[j]
         d0, d1 = np.float64(dy0[j]), np.float64(dy1[j])
         d2, d3 = np.float64(dy2[j]), np.float64(dy3[j])
@@ -398,22 +396,18 @@ def _dx_span(dy, xhat, gamma, rstd, mean_g, mean_gxhat, dx):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH_DX)
-def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, dx,
-            dx_buf, stream, address, dy_ahead, xhat_ahead):
-    """``dx`` of one row from its two sums, :data:`SPAN` elements at a time;
-    after each span, a request for the same span of ``dy_ahead`` and
-    ``xhat_ahead`` (rows to come; empty for none)."""
+def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, out, dy_ahead, xhat_ahead):
+    """``dx`` of one row from its two sums into ``out``, :data:`SPAN`
+    elements at a time; after each span, a request for the same span of
+    ``dy_ahead`` and ``xhat_ahead`` (rows to come)."""
     D = dy.shape[0]
     mean_g = sum_g / D
     mean_gxhat = sum_gxhat / D
-    out = dx_buf if stream else dx
     for a in range(0, D, SPAN):
         b = min(a + SPAN, D)
         _dx_span(dy[a:b], xhat[a:b], gamma[a:b], rstd, mean_g, mean_gxhat, out[a:b])
         _prefetch_span(dy_ahead, a, b)
         _prefetch_span(xhat_ahead, a, b)
-    if stream:
-        _store_row(dx, dx_buf, address)
 
 
 @nb.njit(cache=True)
@@ -431,32 +425,58 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
     With groups (see :data:`GROUP_ROWS`), group ``q`` is the rows ``q + k * Q``
     (``k = 0..3``, ``Q = rows // 4``) and block ``b`` holds groups ``b * G`` to
     ``b * G + G - 1``, ``G = BLOCK_ROWS // 4``; the rows from ``4 * Q`` on go
-    one by one, in blocks of their own after those (``_block_count``).
+    one by one, in blocks of their own after those (``_block_count``). A
+    group's sums are taken a :data:`SPAN` at a time and added in order, with
+    or without streaming stores, so both give the same bits.
     """
     rows, D = dy.shape
-    dx_buf = np.empty(D, dtype=dx.dtype)
-    row_bytes = D * dx.itemsize
+    size = dx.itemsize
     quarter, grouped_blocks = _grouping(rows, D)
+    # With streaming stores, a group's dx waits in `held` and goes to memory
+    # during the next group's sums: the writes then overlap the reads.
+    held = np.empty((GROUP_ROWS, D), dtype=dx.dtype)
     for q in range(quarter):
         b = q // (BLOCK_ROWS // GROUP_ROWS)
-        sums_g, sums_gxhat = _group_sums(
-            dy, xhat, q, quarter, gamma, dgamma[b], dbeta[b]
-        )
+        r0, r1, r2, r3 = q, q + quarter, q + 2 * quarter, q + 3 * quarter
+        g0 = g1 = g2 = g3 = 0.0
+        gx0 = gx1 = gx2 = gx3 = 0.0
+        for a in range(0, D, SPAN):
+            e = min(a + SPAN, D)
+            sg, sgx = _group_sums(
+                dy[r0, a:e], dy[r1, a:e], dy[r2, a:e], dy[r3, a:e],
+                xhat[r0, a:e], xhat[r1, a:e], xhat[r2, a:e], xhat[r3, a:e],
+                gamma[a:e], dgamma[b, a:e], dbeta[b, a:e],
+            )
+            g0, g1, g2, g3 = g0 + sg[0], g1 + sg[1], g2 + sg[2], g3 + sg[3]
+            gx0, gx1, gx2, gx3 = gx0 + sgx[0], gx1 + sgx[1], gx2 + sgx[2], gx3 + sgx[3]
+            if stream and q > 0:
+                for k in range(GROUP_ROWS):
+                    r = q - 1 + k * quarter
+                    address = dx_address + (r * D + a) * size
+                    _store_row(dx[r, a:e], held[k, a:e], address)
+        sums_g = (g0, g1, g2, g3)
+        sums_gxhat = (gx0, gx1, gx2, gx3)
         # The group PREFETCH_GROUPS ahead: its row k is asked for while row k
         # of this group is written.
         ahead = min(q + PREFETCH_GROUPS, quarter - 1)
         for k in range(GROUP_ROWS):
             r = q + k * quarter
             _dx_row(dy[r], xhat[r], gamma, rstd[r], sums_g[k], sums_gxhat[k],
-                    dx[r], dx_buf, stream, dx_address + r * row_bytes,
+                    held[k] if stream else dx[r],
                     dy[ahead + k * quarter], xhat[ahead + k * quarter])
+    if stream and quarter:
+        for k in range(GROUP_ROWS):
+            r = quarter - 1 + k * quarter
+            _store_row(dx[r], held[k], dx_address + r * D * size)
     first = GROUP_ROWS * quarter
     for r in range(first, rows):
         b = grouped_blocks + (r - first) // BLOCK_ROWS
         sum_g, sum_gxhat = _row_sums(dy[r], xhat[r], gamma, dgamma[b], dbeta[b])
         ahead = min(r + PREFETCH_GROUPS, rows - 1)
-        _dx_row(dy[r], xhat[r], gamma, rstd[r], sum_g, sum_gxhat, dx[r], dx_buf,
-                stream, dx_address + r * row_bytes, dy[ahead], xhat[ahead])
+        # Plain stores: rows too short for groups are too short to stream
+        # (at D = 64, streaming them one by one took twice as long).
+        _dx_row(dy[r], xhat[r], gamma, rstd[r], sum_g, sum_gxhat, dx[r],
+                dy[ahead], xhat[ahead])
     if stream:
         _sfence()
 
@@ -474,11 +494,15 @@ def _block_count(rows: int, D: int) -> int:
 APART_BYTES = 256
 
 #: Arrays from this size on are placed :data:`APART_BYTES` apart. glibc maps
-#: blocks this large (32 MiB, its largest mmap threshold) fresh from the
-#: kernel, so every one of them starts at the same place in a page; smaller
-#: ones come from the heap at varying places, and moving them bought nothing
-#: (about 5 % slower at (8, 512, 1024) float32, three runs each way).
-APART_FROM_BYTES = 32 * 2**20
+#: large blocks fresh from the kernel, so they all start at the same place in
+#: a page, and where a smaller one starts depends on the heap's history: two
+#: arrays of any size can collide. Moving one costs one more page of address
+#: space, which for arrays under 16 pages is not worth it. Since the backward
+#: writes a group's ``dx`` while it reads the next group, a collision between
+#: ``dx`` and ``dy`` or ``xhat`` costs more than it did: at (4096, 1024)
+#: float32, 1.44 against 2.33 times the floor in one run where the heap had
+#: put them at the same offset.
+APART_FROM_BYTES = 16 * 4096
 _PAGE = 4096
 
 
