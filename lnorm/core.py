@@ -77,7 +77,9 @@ from .validate import (
     as_rows,
     check_dy,
     check_eps,
+    check_forward_out,
     check_int,
+    check_out,
     check_param,
 )
 
@@ -349,7 +351,7 @@ _BLOCK_HINT = "Pass None (fused) or rows per block, e.g. lnorm.core.tile_rows(D)
 
 
 def forward(
-    x, gamma, beta, eps: float = 1e-5, *, block_rows: int | None = None
+    x, gamma, beta, eps: float = 1e-5, *, block_rows: int | None = None, out=None
 ) -> tuple[np.ndarray, LayerNormCache]:
     r"""Normalize each row over the last axis, then scale and shift it.
 
@@ -369,11 +371,15 @@ def forward(
         None (default): the fused loop of :func:`lnorm.fused.forward`.
         An int: the NumPy formula on blocks of that many rows (bit for bit
         the same results whatever the block size: every step is row by row).
+    out : tuple of two ndarrays, optional
+        ``(y, xhat)`` to write into instead of new arrays, as in
+        :func:`lnorm.fused.forward` (see there); the cache then holds a
+        read-only view of the ``xhat`` buffer.
 
     Returns
     -------
     y : ndarray, shape and dtype of ``x``
-        The output.
+        The output (``out[0]`` when given).
     cache : LayerNormCache
         ``xhat`` and ``rstd`` (and ``gamma``), what :func:`backward` needs.
 
@@ -384,6 +390,8 @@ def forward(
     ValueError
         A 0-d ``x``, ``D = 0``, ``gamma``/``beta`` not of shape ``(D,)``,
         ``eps`` not finite and > 0, ``block_rows < 1``.
+    TypeError, ValueError
+        An ``out`` that :func:`lnorm.validate.check_forward_out` refuses.
 
     See Also
     --------
@@ -413,17 +421,19 @@ def forward(
     if block_rows is None:
         from . import fused
 
-        return fused.forward(x, gamma, beta, eps)
+        return fused.forward(x, gamma, beta, eps, out=out)
     x = as_rows(x, "x")
     D = x.shape[-1]
     gamma = check_param(gamma, "gamma", D)
     beta = check_param(beta, "beta", D)
     eps = check_eps(eps)
     block_rows = check_int(block_rows, "block_rows", 1, _BLOCK_HINT)
+    y_out, xhat_out = check_forward_out(out, x)
 
     x2 = x.reshape(-1, D)
-    y = np.empty(x2.shape, dtype=x.dtype)
-    xhat = np.empty(x2.shape, dtype=x.dtype)
+    y = np.empty(x2.shape, x.dtype) if y_out is None else y_out.reshape(x2.shape)
+    xhat = (np.empty(x2.shape, x.dtype) if xhat_out is None
+            else xhat_out.reshape(x2.shape).view())  # the cache's own read-only view
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     gamma64, beta64 = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
     # Non-finite values propagate within their row (inf - inf = nan there).
@@ -435,7 +445,7 @@ def forward(
             yb, rb, hb = _forward64(xb, gamma64, beta64, eps)
             y[blk], xhat[blk], rstd[blk] = yb, hb, rb[:, 0]
     cache = make_cache(xhat.reshape(x.shape), rstd.reshape(x.shape[:-1]), gamma)
-    return y.reshape(x.shape), cache
+    return (y.reshape(x.shape) if y_out is None else y_out), cache
 
 
 def _forward64(x64: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float):
@@ -454,7 +464,7 @@ def _forward64(x64: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float)
 
 
 def backward(
-    dy, cache: LayerNormCache, *, block_rows: int | None = None
+    dy, cache: LayerNormCache, *, block_rows: int | None = None, out=None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Compute the gradients of layer normalization from the upstream gradient ``dy``.
 
@@ -475,11 +485,14 @@ def backward(
         None (default): the fused loop of :func:`lnorm.fused.backward`.
         An int: :func:`backward_formula` in float64 on blocks of that many
         rows, into buffers allocated once.
+    out : ndarray, optional
+        An array of the shape and dtype of ``x`` to write ``dx`` into, as in
+        :func:`lnorm.fused.backward`.
 
     Returns
     -------
     dx : ndarray, shape and dtype of ``x``
-        Gradient with respect to ``x``.
+        Gradient with respect to ``x`` (``out`` when given).
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
         Summed over every leading axis (zero rows give zeros), in float64.
 
@@ -490,6 +503,8 @@ def backward(
         ``block_rows`` that is not an integer.
     ValueError
         ``dy`` not of the shape of ``x``, ``block_rows < 1``.
+    TypeError, ValueError
+        An ``out`` that :func:`lnorm.validate.check_out` refuses.
 
     See Also
     --------
@@ -518,15 +533,17 @@ def backward(
     if block_rows is None:
         from . import fused
 
-        return fused.backward(dy, cache)
+        return fused.backward(dy, cache, out=out)
     dy = check_dy(dy, cache)
     block_rows = check_int(block_rows, "block_rows", 1, _BLOCK_HINT)
+    if out is not None:
+        out = check_out(out, "out", cache.shape, cache.dtype, dy, cache.xhat)
     shape, D = cache.shape, cache.shape[-1]
     dy2, xhat2 = dy.reshape(-1, D), cache.xhat.reshape(-1, D)
     rstd = cache.rstd.reshape(-1, 1)
     rows = dy2.shape[0]
     gamma = cache.gamma.astype(ACC_DTYPE)
-    dx = np.empty(dy2.shape, dtype=cache.dtype)
+    dx = np.empty(dy2.shape, cache.dtype) if out is None else out.reshape(dy2.shape)
     dgamma = np.zeros(D, dtype=ACC_DTYPE)
     dbeta = np.zeros(D, dtype=ACC_DTYPE)
     m = max(1, min(block_rows, rows))
@@ -543,7 +560,8 @@ def backward(
             dgamma += dgb
             dbeta += dbb
     pdt = cache.gamma.dtype
-    return dx.reshape(shape), dgamma.astype(pdt), dbeta.astype(pdt)
+    dx = dx.reshape(shape) if out is None else out
+    return dx, dgamma.astype(pdt), dbeta.astype(pdt)
 
 
 # --- block sizes ------------------------------------------------------------------

@@ -99,7 +99,14 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .core import ACC_DTYPE, LayerNormCache, make_cache
-from .validate import as_rows, check_dy, check_eps, check_out, check_param
+from .validate import (
+    as_rows,
+    check_dy,
+    check_eps,
+    check_forward_out,
+    check_out,
+    check_param,
+)
 
 __all__ = [
     "forward",
@@ -654,9 +661,9 @@ def forward(
         A 0-d ``x``, ``D = 0``, ``gamma``/``beta`` not of shape ``(D,)``,
         ``eps`` not finite and > 0.
     TypeError, ValueError
-        ``out`` not two arrays that :func:`lnorm.validate.check_out` accepts
-        (shape and dtype of ``x``, C-contiguous, writeable, sharing no memory
-        with ``x`` or with each other).
+        An ``out`` that :func:`lnorm.validate.check_forward_out` refuses
+        (two arrays of the shape and dtype of ``x``, C-contiguous, writeable,
+        sharing no memory with ``x`` or with each other).
 
     See Also
     --------
@@ -688,15 +695,7 @@ def forward(
     beta = check_param(beta, "beta", D)
     eps = check_eps(eps)
 
-    y_out = xhat_out = None
-    if out is not None:
-        if not isinstance(out, tuple) or len(out) != 2:
-            raise TypeError(
-                "out must be a tuple (y, xhat) of two arrays; "
-                f"got {type(out).__name__}."
-            )
-        y_out = check_out(out[0], "out[0] (y)", x.shape, x.dtype, x)
-        xhat_out = check_out(out[1], "out[1] (xhat)", x.shape, x.dtype, x, y_out)
+    y_out, xhat_out = check_forward_out(out, x)
 
     x2 = _rows_for_loop(x)
     y = _output(y_out, x2, x2)

@@ -11,7 +11,8 @@ The checks, in the order a public function calls them:
 * :func:`check_param`: a parameter vector of shape ``(D,)``;
 * :func:`check_positive`, :func:`check_eps`, :func:`check_int`: scalars;
 * :func:`check_cache`, :func:`check_dy`: the arguments of a backward;
-* :func:`check_out`: an array given to be written into (``out=``);
+* :func:`check_out`, :func:`check_forward_out`: arrays given to be written
+  into (``out=``);
 * :func:`as_dtype`: a dtype argument.
 
 Examples
@@ -45,6 +46,7 @@ __all__ = [
     "check_cache",
     "check_dy",
     "check_out",
+    "check_forward_out",
 ]
 
 #: Floating dtypes the public functions accept.
@@ -530,3 +532,48 @@ def check_out(out, name: str, shape: tuple[int, ...], dtype, *inputs) -> np.ndar
             "values it has still to read. Pass a separate array."
         )
     return out
+
+
+def check_forward_out(out, x: np.ndarray):
+    r"""Return the ``(y, xhat)`` buffers of a forward's ``out=``, or ``(None, None)``.
+
+    Parameters
+    ----------
+    out : None or tuple of two ndarrays
+        The forward's ``out`` argument.
+    x : ndarray
+        The forward's input (as :func:`as_rows` returned it).
+
+    Returns
+    -------
+    y, xhat : ndarray or None
+        The two buffers, each accepted by :func:`check_out` (shape and dtype
+        of ``x``, sharing no memory with ``x`` or with each other).
+
+    Raises
+    ------
+    TypeError
+        ``out`` is not a tuple of two, or :func:`check_out` refuses one.
+    ValueError
+        :func:`check_out` refuses one.
+
+    See Also
+    --------
+    check_out : The check of each buffer.
+
+    Examples
+    --------
+    >>> x = np.ones((2, 3))
+    >>> y, xhat = check_forward_out((np.empty((2, 3)), np.empty((2, 3))), x)
+    >>> y.shape, check_forward_out(None, x)
+    ((2, 3), (None, None))
+    """
+    if out is None:
+        return None, None
+    if not isinstance(out, tuple) or len(out) != 2:
+        raise TypeError(
+            f"out must be a tuple (y, xhat) of two arrays; got {type(out).__name__}."
+        )
+    y = check_out(out[0], "out[0] (y)", x.shape, x.dtype, x)
+    xhat = check_out(out[1], "out[1] (xhat)", x.shape, x.dtype, x, y)
+    return y, xhat

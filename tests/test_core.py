@@ -380,3 +380,38 @@ def test_tile_rows():
         tile_rows(0)
     with pytest.raises(ValueError, match="direction"):
         tile_rows(8, direction="up")
+
+
+# --- out= -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block_rows", [None, 3])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_out_writes_the_same_values_into_the_given_arrays(block_rows, dtype):
+    # Both schedules: the fused default and NumPy blocks.
+    x, gamma, beta, dy = make_inputs((7, 12), seed=8)
+    x, dy = x.astype(dtype), dy.astype(dtype)
+    y_new, c_new = forward(x, gamma, beta, block_rows=block_rows)
+    dx_new, dg_new, db_new = backward(dy, c_new, block_rows=block_rows)
+    y_buf, xhat_buf, dx_buf = (np.full(x.shape, 9, dtype) for _ in range(3))
+    y, c = forward(x, gamma, beta, block_rows=block_rows, out=(y_buf, xhat_buf))
+    dx, dg, db = backward(dy, c, block_rows=block_rows, out=dx_buf)
+    assert y is y_buf and dx is dx_buf and np.shares_memory(c.xhat, xhat_buf)
+    assert not c.xhat.flags.writeable and xhat_buf.flags.writeable
+    for a, b in [(y, y_new), (c.xhat, c_new.xhat), (c.rstd, c_new.rstd),
+                 (dx, dx_new), (dg, dg_new), (db, db_new)]:
+        assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("block_rows", [None, 3])
+def test_out_is_checked_by_both_schedules(block_rows):
+    x, gamma, beta, dy = make_inputs((4, 6), seed=9)
+    with pytest.raises(ValueError, match="shares memory"):
+        forward(x, gamma, beta, block_rows=block_rows, out=(x, np.empty_like(x)))
+    with pytest.raises(TypeError, match="tuple"):
+        forward(x, gamma, beta, block_rows=block_rows, out=np.empty_like(x))
+    _, cache = forward(x, gamma, beta)
+    with pytest.raises(ValueError, match="shape"):
+        backward(dy, cache, block_rows=block_rows, out=np.empty((6, 4)))
+    with pytest.raises(ValueError, match="shares memory"):
+        backward(dy, cache, block_rows=block_rows, out=dy)
