@@ -172,11 +172,12 @@ def test_dgamma_is_summed_per_block_then_across_blocks(D):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("D", [1, 7, 8, 33, 1024])
+@pytest.mark.parametrize("D", [1, 7, 8, 33, fused.GROUP_FROM_D + 9, 1024])
 def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
-    # 23 rows: at D = 1024, five groups of four (each group's dx streamed out
-    # during the next group's sums, the last after the loop) and three rows
-    # one by one.
+    # 23 rows: from GROUP_FROM_D on, five groups of four (each group's dx
+    # streamed out during the next group's sums, the last after the loop) and
+    # three rows one by one; at GROUP_FROM_D + 9 rows of dx start at every
+    # alignment, so the plain stores before and after the whole lines run.
     x, gamma, beta, dy = make_inputs((23, D), dtype, seed=D)
     plain = fused.forward(x, gamma, beta)
     plain_b = fused.backward(dy, plain[1])
