@@ -22,7 +22,7 @@ and, beside the ladder, ``default``: :func:`lnorm.forward` /
 arrays. Its time over ``fused`` is the price of fresh memory (the operating
 system zeroes each new page when it is first written).
 
-In every repetition, the **floor**, the **floor**: a copy (``np.copyto``) between two
+In every repetition, the **floor**: a copy (``np.copyto``) between two
 arrays of at least four times the last-level cache, which gives the copy
 bandwidth ``B`` (bytes read plus written per second). An operation that must
 move ``b`` bytes (each input read once, each output written once:

@@ -75,11 +75,11 @@ import numpy as np
 from .validate import (
     SUPPORTED_DTYPES,
     as_rows,
+    check_backward_out,
     check_dy,
     check_eps,
     check_forward_out,
     check_int,
-    check_out,
     check_param,
 )
 
@@ -300,8 +300,10 @@ class LayerNormCache:
 
 
 def _readonly(a: np.ndarray) -> np.ndarray:
-    a.setflags(write=False)
-    return a
+    """A read-only view of ``a``; ``a`` itself keeps its flags."""
+    view = a.view()
+    view.setflags(write=False)
+    return view
 
 
 def make_cache(
@@ -309,10 +311,11 @@ def make_cache(
 ) -> LayerNormCache:
     r"""Build the read-only cache of new ``xhat`` and ``rstd`` arrays and ``gamma``.
 
-    ``xhat`` and ``rstd`` are not copied: they are marked read-only in
-    place, so pass arrays nobody else writes to (the forwards pass arrays
-    they have just made). ``gamma`` is copied, so that the caller may go on
-    updating its parameters before the backward runs.
+    ``xhat`` and ``rstd`` are not copied: the cache holds read-only views of
+    them, and the arrays passed in keep their flags. Pass arrays nobody else
+    writes to, or accept that writing them changes the cache (a forward given
+    ``out=`` buffers does that on purpose). ``gamma`` is copied, so that the
+    caller may go on updating its parameters before the backward runs.
 
     Parameters
     ----------
@@ -431,9 +434,8 @@ def forward(
     y_out, xhat_out = check_forward_out(out, x)
 
     x2 = x.reshape(-1, D)
-    y = np.empty(x2.shape, x.dtype) if y_out is None else y_out.reshape(x2.shape)
-    xhat = (np.empty(x2.shape, x.dtype) if xhat_out is None
-            else xhat_out.reshape(x2.shape).view())  # the cache's own read-only view
+    y, xhat = (np.empty(x2.shape, x.dtype) if buf is None else buf.reshape(x2.shape)
+               for buf in (y_out, xhat_out))
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     gamma64, beta64 = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
     # Non-finite values propagate within their row (inf - inf = nan there).
@@ -504,7 +506,7 @@ def backward(
     ValueError
         ``dy`` not of the shape of ``x``, ``block_rows < 1``.
     TypeError, ValueError
-        An ``out`` that :func:`lnorm.validate.check_out` refuses.
+        An ``out`` that :func:`lnorm.validate.check_backward_out` refuses.
 
     See Also
     --------
@@ -536,8 +538,7 @@ def backward(
         return fused.backward(dy, cache, out=out)
     dy = check_dy(dy, cache)
     block_rows = check_int(block_rows, "block_rows", 1, _BLOCK_HINT)
-    if out is not None:
-        out = check_out(out, "out", cache.shape, cache.dtype, dy, cache.xhat)
+    out = check_backward_out(out, dy, cache)
     shape, D = cache.shape, cache.shape[-1]
     dy2, xhat2 = dy.reshape(-1, D), cache.xhat.reshape(-1, D)
     rstd = cache.rstd.reshape(-1, 1)

@@ -101,10 +101,10 @@ from numba.extending import intrinsic
 from .core import ACC_DTYPE, LayerNormCache, make_cache
 from .validate import (
     as_rows,
+    check_backward_out,
     check_dy,
     check_eps,
     check_forward_out,
-    check_out,
     check_param,
 )
 
@@ -707,8 +707,6 @@ def forward(
         )
     y = _deliver(y, y_out, x.shape, x.dtype)
     xhat = _deliver(xhat, xhat_out, x.shape, x.dtype)
-    if xhat_out is not None:
-        xhat = xhat.view()  # the cache marks its own view read-only, not the buffer
     return y, make_cache(xhat, rstd.reshape(x.shape[:-1]), gamma)
 
 
@@ -753,8 +751,8 @@ def backward(
     ValueError
         ``dy`` not of the shape of ``x``.
     TypeError, ValueError
-        An ``out`` that :func:`lnorm.validate.check_out` refuses (it must not
-        share memory with ``dy`` or the cache's ``xhat``).
+        An ``out`` that :func:`lnorm.validate.check_backward_out` refuses (it
+        must not share memory with ``dy`` or the cache's ``xhat``).
 
     Notes
     -----
@@ -779,8 +777,7 @@ def backward(
     True
     """
     dy = check_dy(dy, cache)
-    if out is not None:
-        out = check_out(out, "out", cache.shape, cache.dtype, dy, cache.xhat)
+    out = check_backward_out(out, dy, cache)
     D = cache.shape[-1]
     dy2 = _rows_for_loop(dy)
     xhat2 = _rows_for_loop(cache.xhat, dy2)

@@ -11,8 +11,8 @@ The checks, in the order a public function calls them:
 * :func:`check_param`: a parameter vector of shape ``(D,)``;
 * :func:`check_positive`, :func:`check_eps`, :func:`check_int`: scalars;
 * :func:`check_cache`, :func:`check_dy`: the arguments of a backward;
-* :func:`check_out`, :func:`check_forward_out`: arrays given to be written
-  into (``out=``);
+* :func:`check_out`, :func:`check_forward_out`, :func:`check_backward_out`:
+  arrays given to be written into (``out=``);
 * :func:`as_dtype`: a dtype argument.
 
 Examples
@@ -47,6 +47,7 @@ __all__ = [
     "check_dy",
     "check_out",
     "check_forward_out",
+    "check_backward_out",
 ]
 
 #: Floating dtypes the public functions accept.
@@ -577,3 +578,44 @@ def check_forward_out(out, x: np.ndarray):
     y = check_out(out[0], "out[0] (y)", x.shape, x.dtype, x)
     xhat = check_out(out[1], "out[1] (xhat)", x.shape, x.dtype, x, y)
     return y, xhat
+
+
+def check_backward_out(out, dy: np.ndarray, cache):
+    r"""Return a backward's ``out=`` buffer for ``dx``, or None.
+
+    Parameters
+    ----------
+    out : None or ndarray
+        The backward's ``out`` argument.
+    dy : ndarray
+        The upstream gradient (as :func:`check_dy` returned it).
+    cache : LayerNormCache
+        The forward's cache.
+
+    Returns
+    -------
+    ndarray or None
+        ``out``, accepted by :func:`check_out`: the shape and dtype of ``x``,
+        sharing no memory with ``dy`` or ``cache.xhat``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        :func:`check_out` refuses ``out``.
+
+    See Also
+    --------
+    check_forward_out : The same for a forward.
+
+    Examples
+    --------
+    >>> import lnorm
+    >>> _, cache = lnorm.forward(np.ones((2, 3)), np.ones(3), np.zeros(3))
+    >>> check_backward_out(np.empty((2, 3)), np.ones((2, 3)), cache).shape
+    (2, 3)
+    >>> check_backward_out(None, np.ones((2, 3)), cache) is None
+    True
+    """
+    if out is None:
+        return None
+    return check_out(out, "out", cache.shape, cache.dtype, dy, cache.xhat)
