@@ -23,9 +23,11 @@ pytestmark = pytest.mark.cuda_on_cpu
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
 #: (rows, D): D of 1, 2, 7 (warp, scalar loads), 512 (warp, vector loads), 513,
-#: 1027, 4099 (block, scalar), 8192 (block, vector, the longest row). Rows
-#: leave a short last strip in the backward (rows % 16 != 0) and, for warps,
-#: a partly empty last block; few rows where a block has hundreds of threads.
+#: 1027, 4099 (block, scalar), 8192 (block, vector, the longest row held in
+#: registers), then rows taken in chunks: 12289 (scalar), 12288, 16384 and
+#: 65536 (vector). Rows leave a short last strip in the backward
+#: (rows % 16 != 0) and, for warps, a partly empty last block; few rows where
+#: a block has hundreds of threads, and 17 (a strip and a row) at 12288.
 SHAPES = (
     (37, 1),
     (21, 2),
@@ -35,8 +37,13 @@ SHAPES = (
     (17, 1027),
     (5, 4099),
     (3, 8192),
+    (3, 12289),
+    (17, 12288),
+    (2, 16384),
+    (1, 65536),
 )
-SANITIZED_SHAPES = ((18, 7), (5, 512), (3, 513), (2, 1027))
+#: The last, a long row whose second chunk is almost empty (8 elements).
+SANITIZED_SHAPES = ((18, 7), (5, 512), (3, 513), (2, 1027), (2, 8200))
 DIRTY = ("ERROR: AddressSanitizer", "runtime error", "WARNING: ThreadSanitizer")
 
 
@@ -98,7 +105,7 @@ def test_source_on_cpu_equals_emulation_bit_for_bit(host, rows, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
-@pytest.mark.parametrize("D", [7, 512, 1027])
+@pytest.mark.parametrize("D", [7, 512, 1027, 12289])
 def test_nan_inf_and_constant_rows(host, D, dtype):
     inp = check.make_inputs(21, D, dtype, seed=1)
     x, dy = inp["x"], inp["dy"]
@@ -139,12 +146,13 @@ def test_leading_dimensions_zero_rows_and_determinism(host):
     )
 
 
+@pytest.mark.parametrize("D", [1024, 12288])
 @pytest.mark.parametrize("offset", [0.0, 1e2, 1e4, 1e6])
-def test_accuracy_is_flat_in_the_offset(host, offset):
-    err = check.offset_errors(host.forward, host.backward, 1024, offset, rows=4)
+def test_accuracy_is_flat_in_the_offset(host, offset, D):
+    err = check.offset_errors(host.forward, host.backward, D, offset, rows=4)
     assert err["y"] <= 2e-7 and err["dx"] <= 2e-7, err
     assert err == check.offset_errors(
-        emulate.forward, emulate.backward, 1024, offset, rows=4
+        emulate.forward, emulate.backward, D, offset, rows=4
     )
 
 

@@ -25,6 +25,7 @@ C = kernels.constants()
 E = C["LN_ELEMS_PER_THREAD"]
 ALL_KERNELS = {name for f in kernels.KERNEL_FILES for name in kernels.kernel_params(f)}
 MAIN = re.compile(r"ln_(fwd|bwd)_(warp|block)_(f32|f16)_v(\d)")
+LONG = re.compile(r"ln_(fwd|bwd)_long_(f32|f16)_v(\d)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
 # The shapes the book checks (every kernel variant), and rows of one element.
@@ -110,12 +111,18 @@ def test_constants_are_read_from_the_source():
         (4099, np.float32, 1, True, 288),
         (8192, np.float16, 8, True, 512),
         (8192, np.float32, 4, True, 512),
+        (8193, np.float32, 1, True, 512),
+        (12288, np.float16, 8, True, 512),
+        (65536, np.float32, 4, True, 512),
     ],
 )
 def test_plan_mapping(D, dtype, vec, per_block, threads):
     p = kernels.plan(1000, D, dtype)
     assert (p.vec, p.per_block, p.threads_per_row) == (vec, per_block, threads)
-    assert p.threads_per_row * E >= D  # the row fits in the group's registers
+    # The row fits in the group's registers, or is taken in as few chunks as cover it.
+    assert p.chunks == -(-D // (p.threads_per_row * E))
+    assert (p.chunks > 1) == (D > kernels.max_D())
+    assert (p.kernel("forward").startswith("ln_fwd_long_")) == (p.chunks > 1)
     assert (
         p.kernel("forward").startswith("ln_fwd_") and p.kernel("forward") in ALL_KERNELS
     )
@@ -131,8 +138,10 @@ def test_checked_shapes_reach_every_kernel():
         for dtype in (np.float32, np.float16)
         for direction in ("forward", "backward")
     }
-    assert reached == {name for name in ALL_KERNELS if MAIN.fullmatch(name)}
-    assert len(reached) == 16
+    assert reached == {
+        name for name in ALL_KERNELS if MAIN.fullmatch(name) or LONG.fullmatch(name)
+    }
+    assert len(reached) == 24
 
 
 @pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 1000, 65537, 10**6])
@@ -167,8 +176,8 @@ def test_partial_sums_cost_about_one_byte_per_element_at_most(rows):
 
 
 def test_plan_rejects_bad_sizes_and_dtypes():
-    with pytest.raises(ValueError, match="D must be between 1 and 8192"):
-        kernels.plan(10, 8193, np.float32)
+    with pytest.raises(ValueError, match="D must be between 1 and 2147483647"):
+        kernels.plan(10, 2**31, np.float32)
     with pytest.raises(ValueError, match="D must be"):
         kernels.plan(10, 0, np.float32)
     with pytest.raises(ValueError, match="rows must be"):
@@ -262,9 +271,9 @@ def test_measure_dry_run_plans_every_timed_launch(tmp_path):
         (r, D, dt) for r, D in measure.SHAPES for dt in measure.DTYPES
     }
     for e in launches:
-        if e["D"] > kernels.max_D():
-            assert "D must be between" in e["unsupported"]
-            continue
+        assert "unsupported" not in e  # every timed shape has a kernel now
+        long_row = e["D"] > kernels.max_D()
+        assert e["kernel_forward"].startswith("ln_fwd_long_") == long_row
         itemsize = np.dtype(e["dtype"]).itemsize
         n = e["rows"] * e["D"]
         # forward: read x, write y; backward: read x, dy, write dx (plus small vectors)
@@ -294,7 +303,7 @@ def compiled(request):
 
 def test_every_kernel_compiles(compiled):
     _, reports, _ = compiled
-    assert len(ALL_KERNELS) == 17
+    assert len(ALL_KERNELS) == 25
     assert set(reports) == ALL_KERNELS
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
@@ -388,6 +397,52 @@ def test_reductions_use_shuffles_and_little_shared_memory(compiled):
             assert r.count("bar.sync") == 2 * (3 if direction == "fwd" else 1), name
 
 
+def test_long_row_kernels_read_the_row_once_per_pass(compiled):
+    """The long-row kernels re-read the row: the passes the model counts, and
+    their row sums as the block kernels make them."""
+    _, reports, _ = compiled
+    seen = 0
+    for name, r in reports.items():
+        m = LONG.fullmatch(name)
+        if not m:
+            continue
+        seen += 1
+        direction, storage, vec = m.group(1), m.group(2), int(m.group(3))
+        # One chunk of one pass, per thread: instructions and bytes.
+        row = (E // vec, E * ITEMSIZE[storage])
+        stat = (1, 4)
+
+        def passes(n):
+            return (n * row[0], n * row[1])
+
+        if direction == "fwd":
+            # x: the sum, the correction of the mean, the variance, the output.
+            assert r.per_argument("ld", in_loop=True) == {
+                "x": passes(4), "gamma": row, "beta": row}, name
+            assert r.per_argument("st", in_loop=True) == {"y": row}, name
+            assert r.per_argument("st", in_loop=False) == {
+                "mean_hi": stat, "mean_lo": stat, "rstd": stat}, name
+        else:
+            # x, dy (and gamma): the two row sums, then dx; the strip's float32
+            # column sums read once and written twice (zeroed, then updated) in
+            # the block's partial rows, at most 16 bytes an instruction.
+            partial = (E // min(vec, 4), E * 4)
+            assert r.per_argument("ld", in_loop=True) == {
+                "x": passes(2), "dy": passes(2), "gamma": passes(2),
+                "mean_hi": stat, "mean_lo": stat, "rstd": stat,
+                "dgamma_part": partial, "dbeta_part": partial}, name
+            assert r.per_argument("st", in_loop=True) == {
+                "dx": row,
+                "dgamma_part": (2 * partial[0], 2 * partial[1]),
+                "dbeta_part": (2 * partial[0], 2 * partial[1])}, name
+        sums = 3 if direction == "fwd" else 1
+        floats = 3 if direction == "fwd" else 2
+        assert r.count("shfl.sync.bfly") == floats * 5 * 2, name
+        assert r.count("bar.sync") == 2 * sums, name
+        assert r.shared_bytes == 33 * (4 if direction == "fwd" else 8), name
+    assert seen == 8
+
+
 def test_parameter_reduction_kernel(compiled):
     _, reports, _ = compiled
     r = reports["ln_bwd_reduce_params"]
@@ -463,12 +518,15 @@ def _lane_by_lane_row_sum(row: np.ndarray, p) -> np.float32:
     source."""
     G, vec, nvec = p.threads_per_row, p.vec, p.D // p.vec
     partial = [np.float32(0)] * G
+    vpt = E // vec
     for t in range(G):
-        for i in range(E // vec):
-            v = t + i * G
-            if v < nvec:
-                for c in range(vec):
-                    partial[t] = np.float32(partial[t] + row[v * vec + c])
+        for c in range(p.chunks):  # the long-row kernels' chunks, in order
+            for i in range(vpt):
+                v = t + (c * vpt + i) * G
+                if v >= nvec:
+                    continue
+                for k in range(vec):
+                    partial[t] = np.float32(partial[t] + row[v * vec + k])
 
     def warp_sum(lanes):
         lanes = list(lanes)
@@ -483,7 +541,7 @@ def _lane_by_lane_row_sum(row: np.ndarray, p) -> np.float32:
     return warp_sum(warps + [np.float32(0)] * (32 - len(warps)))
 
 
-@pytest.mark.parametrize("D", [7, 100, 512, 1027, 4096])
+@pytest.mark.parametrize("D", [7, 100, 512, 1027, 4096, 12288, 16387])
 def test_emulated_row_sum_follows_the_kernel_order(D):
     rng = np.random.default_rng(D)
     # Magnitudes over 16 decades: the sum depends on the order of additions.
@@ -784,7 +842,7 @@ def test_occupancy_follows_the_register_file():
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])
-@pytest.mark.parametrize("D", [768, 4096, 8192])
+@pytest.mark.parametrize("D", [768, 4096, 8192, 12288, 65536])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_model_time_is_at_least_bytes_over_bandwidth(direction, D, dtype):
     p = model.predict(direction, 8192, D, dtype)
@@ -795,10 +853,36 @@ def test_model_time_is_at_least_bytes_over_bandwidth(direction, D, dtype):
     extra = (
         kernels.plan(8192, D, dtype).partials_bytes if direction == "backward" else 0
     )
-    assert p.bytes_moved == p.bytes + extra
+    if D <= kernels.max_D():
+        assert p.bytes_moved == p.bytes + extra
+    else:  # re-reads of long rows: from L2, or through DRAM as well
+        assert p.bytes_moved >= p.bytes + extra
     # More latency per row, more time.
     slow = model.Device("slow", 132, 3.0e12, 2e-6, 0.25e-6, 0.05e-6)
     assert model.predict(direction, 8192, D, dtype, device=slow).time > p.time
+
+
+def test_model_counts_the_rereads_of_long_rows_past_l2():
+    rows, D = 8192, 65536
+    fwd = model.predict("forward", rows, D, "float32")
+    bwd = model.predict("backward", rows, D, "float32")
+    partials = kernels.plan(rows, D, "float32").partials_bytes
+    # 512 threads of 64 registers: two blocks an SM, 264 blocks, each with two rows
+    # of 256 KiB and a partial row of 512 KiB in flight: far past 50 MiB of L2.
+    assert bwd.concurrent_groups == 2 * model.H100.sm_count
+    # The backward reads x and dy once more, and the partial rows (dgamma and dbeta,
+    # float32) are read and written once per row.
+    assert bwd.bytes_moved - bwd.bytes - partials == rows * D * (2 * 4 + 16)
+    # The forward's rows in flight: in float32 they outgrow L2 and its three
+    # re-reads of x go through DRAM; in float16 (half the bytes) they stay in L2.
+    assert fwd.concurrent_groups * D * 4 > model.H100.l2_bytes
+    assert fwd.bytes_moved - fwd.bytes == rows * D * 4 * 3
+    half = model.predict("forward", rows, D, "float16")
+    assert half.concurrent_groups * D * 2 <= model.H100.l2_bytes
+    assert half.bytes_moved == half.bytes
+    # A row that fits in registers costs less per element than one read in chunks.
+    short = model.predict("backward", rows, 8192, "float32")
+    assert short.share() > bwd.share()
 
 
 def test_model_registers_match_ptxas():
@@ -806,7 +890,8 @@ def test_model_registers_match_ptxas():
         pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
     _, usage = ptx.inspect_kernels("sm_90")
     for short, regs in model.REGISTERS.items():
-        measured = usage[f"ln_{short}_block_f32_v4"].registers
+        kind = "" if short.endswith("_long") else "_block"
+        measured = usage[f"ln_{short}{kind}_f32_v4"].registers
         assert abs(measured - regs) <= 8, (short, measured, regs)
 
 
@@ -825,7 +910,12 @@ def test_recorded_gpu_measurements_are_complete():
     for r in data["offset_sweep"]["v4"]:
         assert r["y"] <= 2e-7 and r["dx"] <= 2e-7
     timed = {(t["rung"], t["direction"], t["D"], t["dtype"]) for t in data["timings"]}
-    for e in measure.plan_launches():
+    # Every launch the measurement planned: the shapes its kernels took were
+    # timed fused too (rows longer than registers hold were not supported then).
+    assert [(e["rows"], e["D"], e["dtype"]) for e in data["launches"]] == [
+        (e["rows"], e["D"], e["dtype"]) for e in measure.plan_launches()
+    ]
+    for e in data["launches"]:
         rungs = ["v1"] if "unsupported" in e else ["v1", "v4"]
         for rung in rungs:
             for direction in ("forward", "backward"):

@@ -35,10 +35,12 @@ __all__ = [
 
 #: ``(rows, D)`` at which the book and the tests check the kernels — between
 #: them every kernel variant (tests/test_gpu.py asserts it), warp and block
-#: per row, ``D`` a multiple of the vector width (512, 8192, 64) and not (7,
-#: 513, 1027, 4099), up to the longest row, and many short rows.
+#: per row, ``D`` a multiple of the vector width (512, 8192, 64, 12288) and
+#: not (7, 513, 1027, 4099, 12289), up to the longest row held in registers,
+#: rows longer than that (in chunks), and many short rows.
 SHAPES = (
-    (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64)
+    (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64),
+    (20, 12288), (6, 12289),
 )
 
 
@@ -255,8 +257,11 @@ def error_bounds(D: int) -> dict[str, float]:
     The backward's ``dx = rstd (g - mean(g) - xhat mean(g xhat))`` subtracts
     terms of size ``rstd max|g|`` (``g = gamma dy``); the same count gives,
     relative to that scale, ``(2k + 12) u`` (the ``dx`` measure of
-    :func:`lnorm.gpu.check.offset_errors`). With ``k <= 16 + log2 D`` both are
-    of the form ``c u (1 + log2 D)``. Nothing depends on the offset of ``x``:
+    :func:`lnorm.gpu.check.offset_errors`). Up to ``D = max_D()``, ``k <= 16 +
+    log2 D`` and both are of the form ``c u (1 + log2 D)``. Longer rows are
+    summed by the same 512 threads, each adding ``16 * chunks`` elements in
+    sequence, so there ``k = 16 ceil(D / 8192) + 10`` grows linearly in ``D``
+    (138 at ``D = 65536``). Nothing depends on the offset of ``x``:
     that is the point of the corrected mean. Measured errors sit far below (random
     rounding errors grow like ``sqrt(k)``, not ``k``).
 
@@ -276,7 +281,7 @@ def error_bounds(D: int) -> dict[str, float]:
     Raises
     ------
     ValueError
-        ``D`` outside ``1 .. max_D()``.
+        ``D`` outside ``1 .. MAX_ROW``.
 
     See Also
     --------

@@ -28,6 +28,8 @@ from ..validate import check_eps
 __all__ = [
     "SOURCE_DIR",
     "KERNEL_FILES",
+    "REGISTER_FILES",
+    "MAX_ROW",
     "COMPILE_OPTIONS",
     "ARCHS",
     "MIN_ROWS_PER_GROUP",
@@ -48,7 +50,12 @@ __all__ = [
 SOURCE_DIR = Path(__file__).resolve().parent
 COMMON_FILE = "layernorm_common.cu"
 #: The kernel files, each compiled as one NVRTC program.
-KERNEL_FILES = ("layernorm_forward.cu", "layernorm_backward.cu")
+KERNEL_FILES = ("layernorm_forward.cu", "layernorm_backward.cu", "layernorm_long.cu")
+#: The files of the kernels that hold a row in registers (``D <= max_D()``);
+#: ``layernorm_long.cu`` has those of longer rows.
+REGISTER_FILES = KERNEL_FILES[:2]
+#: The longest row any kernel takes: ``D`` is passed as a 32-bit int.
+MAX_ROW = 2**31 - 1
 #: ``--fmad=false`` — no multiply-add contraction, and ``-ftz=false``: subnormal
 #: numbers kept, so every float32 operation rounds exactly as NumPy's does in
 #: :mod:`lnorm.gpu.emulate`. The kernels are memory-bound: the extra
@@ -164,8 +171,8 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
 
     Kernels are written either directly (``extern "C" __global__ ...
     name(...)``) or, one per variant, by a macro ``#define M(SUFFIX, ...)``
-    declaring ``prefix##SUFFIX(...)`` and expanded by ``LN_VARIANTS(M)``;
-    both are read.
+    declaring ``prefix##SUFFIX(...)`` and expanded by a list of variants,
+    ``LN_VARIANTS(M)`` or ``LN_LONG_VARIANTS(M)``; both are read.
 
     Parameters
     ----------
@@ -202,14 +209,17 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
         return tuple(re.findall(r"(\w+)\s*(?:,|$)", params.strip()))
 
     out: dict[str, tuple[str, ...]] = {}
-    variants = re.search(r"^#define LN_VARIANTS\(K\)(.*)$", text, re.M).group(1)
-    suffixes = re.findall(r"\bK\((\w+),", variants)
+    lists = {
+        name: re.findall(r"\bK\((\w+),", body)
+        for name, body in re.findall(r"^#define (LN_\w*VARIANTS)\(K\)(.*)$", text, re.M)
+    }
     made = re.findall(
         r"^#define\s+(\w+)\(SUFFIX[^)]*\).*?\b(\w+)##SUFFIX\s*\(([^)]*)\)", text, re.M
     )
     for macro, prefix, params in made:
-        if re.search(rf"^LN_VARIANTS\({macro}\)", text, re.M):
-            out.update({prefix + suffix: names(params) for suffix in suffixes})
+        for name, suffixes in lists.items():
+            if re.search(rf"^{name}\({macro}\)", text, re.M):
+                out.update({prefix + suffix: names(params) for suffix in suffixes})
     direct = re.findall(
         r'^extern "C" __global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
         r"(\w+)\s*\(([^)]*)\)",
@@ -377,7 +387,14 @@ class LaunchPlan:
         Elements per 16-byte vector load: 4 (float32) or 8 (float16) when
         ``D`` is a multiple of it, else 1.
     per_block : bool
-        One row per block (long rows) rather than one row per warp.
+        One row per block (rows longer than a warp holds) rather than one row
+        per warp.
+    chunks : int
+        Passes of ``block`` threads it takes to cover a row at
+        ``LN_ELEMS_PER_THREAD`` elements per thread: 1 for the kernels that
+        hold the row in registers (``D <= max_D()``), more for the long-row
+        kernels of ``layernorm_long.cu``, which read the row again for every
+        pass.
     threads_per_row : int
         32 for a warp, else the block size.
     block : int
@@ -407,6 +424,7 @@ class LaunchPlan:
     dtype: np.dtype
     vec: int
     per_block: bool
+    chunks: int
     threads_per_row: int
     block: int
     forward_grid: int
@@ -441,12 +459,13 @@ class LaunchPlan:
 
     @property
     def vecs_per_thread(self) -> int:
-        r"""Vectors (loads) per thread per tensor: ``LN_ELEMS_PER_THREAD / vec``.
+        r"""Vectors (loads) per thread per row: ``chunks * LN_ELEMS_PER_THREAD / vec``.
 
         Returns
         -------
         int
-            How many ``vec``-element loads each thread makes of a row.
+            How many ``vec``-element loads each thread makes of a row, in one
+            pass over it.
 
         See Also
         --------
@@ -458,13 +477,15 @@ class LaunchPlan:
         2
         >>> plan(64, 7, "float32").vecs_per_thread  # D not a multiple of 4: scalars
         16
+        >>> plan(8, 12288, "float32").vecs_per_thread  # two chunks of four vectors
+        8
         """
-        return constants()["LN_ELEMS_PER_THREAD"] // self.vec
+        return self.chunks * constants()["LN_ELEMS_PER_THREAD"] // self.vec
 
     def kernel(self, direction: str) -> str:
         r"""Return the name of the forward or backward kernel this plan launches.
 
-        The name is ``ln_{fwd|bwd}_{warp|block}_{f32|f16}_v{vec}``.
+        The name is ``ln_{fwd|bwd}_{warp|block|long}_{f32|f16}_v{vec}``.
 
         Parameters
         ----------
@@ -491,13 +512,15 @@ class LaunchPlan:
         'ln_bwd_warp_f32_v1'
         >>> plan(24, 8192, "float16").kernel("forward")
         'ln_fwd_block_f16_v8'
+        >>> plan(24, 12288, "float16").kernel("backward")
+        'ln_bwd_long_f16_v8'
         """
         if direction not in ("forward", "backward"):
             raise ValueError(
                 f"direction must be 'forward' or 'backward'; got {direction!r}."
             )
         kind = "fwd" if direction == "forward" else "bwd"
-        mapping = "block" if self.per_block else "warp"
+        mapping = "long" if self.chunks > 1 else "block" if self.per_block else "warp"
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 
 
@@ -505,12 +528,13 @@ def max_D() -> int:
     r"""Return the longest row the register-resident kernels hold.
 
     ``max_D = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: elements per thread
-    times the largest block.
+    times the largest block. Longer rows (up to :data:`MAX_ROW`) go to the
+    long-row kernels, which read the row from memory again for every pass.
 
     Returns
     -------
     int
-        The largest ``D`` :func:`lnorm.gpu.kernels.plan` accepts.
+        The largest ``D`` whose row one block holds in registers.
 
     See Also
     --------
@@ -541,8 +565,10 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     Rows of up to ``32 * LN_ELEMS_PER_THREAD`` elements get one warp each
     (``LN_WARPS_PER_BLOCK`` rows per block); longer rows get one block of the
     fewest warps that hold the row at ``LN_ELEMS_PER_THREAD`` elements per
-    thread, up to ``LN_MAX_ROW_THREADS`` threads. The backward gives each row
-    group a strip of ``rows_per_group = max(MIN_ROWS_PER_GROUP,
+    thread, up to ``LN_MAX_ROW_THREADS`` threads. Rows longer than that block
+    holds (``D > max_D()``) get a block of ``LN_MAX_ROW_THREADS`` threads that
+    takes the row in ``chunks`` passes (the long-row kernels). The backward
+    gives each row group a strip of ``rows_per_group = max(MIN_ROWS_PER_GROUP,
     ceil(rows / MAX_ROW_GROUPS))`` consecutive rows.
 
     Parameters
@@ -550,7 +576,7 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     rows : int
         Number of rows, ``0 <= rows < 2**31``.
     D : int
-        Row length, ``1 <= D <= max_D()``.
+        Row length, ``1 <= D <= MAX_ROW``.
     dtype : dtype-like
         Storage type: float32 or float16.
 
@@ -562,8 +588,7 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     Raises
     ------
     ValueError
-        ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D`` longer than
-        :func:`lnorm.gpu.kernels.max_D`.
+        ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D > MAX_ROW``.
     TypeError
         ``dtype`` not float32 or float16.
 
@@ -582,6 +607,9 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     (True, 64, 300, 1)
     >>> p.row_groups, p.rows_per_group
     (19, 16)
+    >>> p = plan(300, 12288, "float32")  # longer than registers hold: in chunks
+    >>> p.kernel("forward"), p.threads_per_row, p.chunks
+    ('ln_fwd_long_f32_v4', 512, 2)
     """
     dtype = _check_dtype(dtype, "dtype")
     rows, D = int(rows), int(D)
@@ -592,19 +620,22 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
             f"rows must be below 2**31 (the kernels take the row count as a 32-bit "
             f"int); got {rows}. Split the batch into launches of fewer rows."
         )
-    if not 1 <= D <= max_D():
+    if not 1 <= D <= MAX_ROW:
         raise ValueError(
-            f"D must be between 1 and {max_D()} for these kernels (the row is held "
-            f"in registers); got D = {D}. Longer rows need a kernel that loops over "
-            "the row."
+            f"D must be between 1 and {MAX_ROW} for these kernels (they take D as "
+            f"a 32-bit int); got D = {D}."
         )
     c = constants()
     E = c["LN_ELEMS_PER_THREAD"]
     vec = _MAX_VEC[dtype] if D % _MAX_VEC[dtype] == 0 else 1
     nvec = D // vec
     per_block = D > 32 * E
+    chunks = 1
     if per_block:
         threads = 32 * math.ceil(math.ceil(nvec / (E // vec)) / 32)
+        if threads > c["LN_MAX_ROW_THREADS"]:  # the long-row kernels
+            threads = c["LN_MAX_ROW_THREADS"]
+            chunks = math.ceil(nvec / (threads * (E // vec)))
         block = threads
         forward_grid = rows
     else:
@@ -622,6 +653,7 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
         dtype=dtype,
         vec=vec,
         per_block=per_block,
+        chunks=chunks,
         threads_per_row=threads,
         block=block,
         forward_grid=forward_grid,

@@ -103,8 +103,10 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
     ...     print(e["dtype"], e["kernel_forward"], e["block"], e["bytes_forward"])
     float32 ln_fwd_block_f32_v4 64 50403328
     float16 ln_fwd_block_f16_v8 64 25234432
-    >>> plan_launches(((8, 16384),), ("float32",))[0]["unsupported"][:40]
-    'D must be between 1 and 8192 for these k'
+    >>> plan_launches(((8192, 12288),), ("float32",))[0]["kernel_backward"]
+    'ln_bwd_long_f32_v4'
+    >>> plan_launches(((2**31, 64),), ("float32",))[0]["unsupported"][:28]
+    'rows must be below 2**31 (th'
     """
     out = []
     for rows, D in shapes:
@@ -127,14 +129,22 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
     return out
 
 
-def source_digest() -> str:
+def source_digest(files=KERNEL_FILES) -> str:
     r"""Hash the kernel sources as compiled: which kernels a measurement timed.
+
+    Parameters
+    ----------
+    files : sequence of str, default KERNEL_FILES
+        Kernel files, in order; a measurement records which it hashed
+        (``source_files``), so that a file added later (as
+        ``layernorm_long.cu`` was) does not make the kernels it timed look
+        changed.
 
     Returns
     -------
     str
         The SHA-256 hex digest of :func:`lnorm.gpu.kernels.source` of every
-        file of :data:`lnorm.gpu.kernels.KERNEL_FILES`, in order.
+        file of ``files``, in order.
 
     See Also
     --------
@@ -145,9 +155,12 @@ def source_digest() -> str:
     >>> digest = source_digest()
     >>> len(digest), digest == source_digest()
     (64, True)
+    >>> from lnorm.gpu.kernels import REGISTER_FILES
+    >>> source_digest(REGISTER_FILES) == digest
+    False
     """
     h = hashlib.sha256()
-    for filename in KERNEL_FILES:
+    for filename in files:
         h.update(source(filename).encode())
     return h.hexdigest()
 
@@ -156,6 +169,7 @@ def _header() -> dict:
     return {
         "date": datetime.date.today().isoformat(),
         "source_sha256": source_digest(),
+        "source_files": list(KERNEL_FILES),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "host": platform.node(),
@@ -307,7 +321,7 @@ def bit_checks(fused) -> list[dict]:
     --------
     >>> from lnorm.gpu import check
     >>> len(((64, 1), (3, 2), *check.SHAPES)) * len(DTYPES)  # comparisons
-    18
+    22
     >>> from lnorm.gpu.run import FusedLayerNorm, available
     >>> if available()[0]:  # a GPU: every bit equal
     ...     assert all(c["equal"] for c in bit_checks(FusedLayerNorm()))
@@ -537,7 +551,7 @@ def launch_only(fused) -> int:
     >>> from lnorm.gpu.run import FusedLayerNorm, available
     >>> n = len(((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES)) * len(DTYPES)
     >>> n
-    22
+    26
     >>> if available()[0]:  # a GPU: that many pairs launched
     ...     assert launch_only(FusedLayerNorm()) == n
     """

@@ -18,6 +18,14 @@ The kernel takes ``ceil(groups / C) * rows_per_group`` such steps. The first
 term is the bytes; the second is what a design that keeps the next row's
 loads in flight (prefetch, ``rows_in_flight=2``) would hide.
 
+Rows longer than a block holds in registers (``D > max_D()``) are taken in
+``chunks`` and read again for every pass: four passes over ``x`` in the
+forward, two over ``x`` and ``dy`` in the backward, whose strip sums also go
+through the block's partial rows (read and written once per row, 16 bytes
+per element). Each chunk of each pass exposes a latency. While the rows and
+partial rows of the blocks in flight fit in L2, the re-reads come from L2 at
+its latency and cost no DRAM bytes; beyond, they are DRAM traffic.
+
 Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
 chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
 real H100 measured, and chapter 6 ("One kernel: fused layer norm on the GPU")
@@ -70,6 +78,10 @@ class Device:
         Resident blocks per SM at most.
     launch_overhead : float, default 2e-6
         Seconds per kernel launch, back to back.
+    l2_bytes : int, default 50 MiB
+        The L2 cache.
+    l2_latency : float, default 0.3e-6
+        Seconds of L2 latency, exposed per chunk of a re-read.
 
     See Also
     --------
@@ -94,6 +106,8 @@ class Device:
     max_threads_per_sm: int = 2048
     max_blocks_per_sm: int = 32
     launch_overhead: float = 2e-6  # s per kernel launch, back to back
+    l2_bytes: int = 50 * 2**20
+    l2_latency: float = 0.3e-6  # s: exposed per chunk of a re-read from L2
 
 
 #: An H100 SXM — 132 SMs, 3.0 TB/s copy bandwidth (as measured on one), 0.6 us
@@ -104,7 +118,9 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: Registers per thread of the main kernels on sm_90, as ``ptxas -v`` reported
 #: them (``lnorm.gpu.ptx.ptxas_usage``; chapter 6 prints the current values).
 #: Used when ptxas is not installed.
-REGISTERS = {"fwd": 40, "bwd": 112}
+#: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
+#: ``"fwd_long"``, ``"bwd_long"``: those of longer rows.
+REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 61}
 
 
 def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> int:
@@ -165,7 +181,9 @@ class Prediction:
     bytes : int
         What the op must move (:func:`lnorm.cost.traffic`, fused schedule).
     bytes_moved : int
-        What the kernels move: ``bytes`` plus the dgamma/dbeta partial sums.
+        What the kernels move through DRAM: ``bytes`` plus the dgamma/dbeta
+        partial sums, plus the long-row kernels' re-reads where they do not
+        fit in L2.
     concurrent_groups : int
         Row groups running at once on the whole GPU, ``C``.
     steps : int
@@ -190,7 +208,7 @@ class Prediction:
     D: int
     dtype: str
     bytes: int  # what the op must move (lnorm.cost.traffic, fused)
-    bytes_moved: int  # what the kernels move: + the dgamma/dbeta partial sums
+    bytes_moved: int  # through DRAM: + the partial sums, + re-reads past L2
     concurrent_groups: int
     steps: int
     time: float
@@ -293,7 +311,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     p = plan(rows, D, dtype)
     itemsize = p.dtype.itemsize
     short = "fwd" if direction == "forward" else "bwd"
-    regs = registers or REGISTERS[short]
+    regs = registers or REGISTERS[short + ("_long" if p.chunks > 1 else "")]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
     if direction == "forward":
@@ -305,12 +323,26 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         extra = p.partials_bytes
     blocks_per_sm = occupancy(p.block, regs, device)
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
-    b_row = must / max(rows, 1)
+    latency = device.latency / rows_in_flight
+    past_l2 = 0  # bytes of re-reads that L2 does not hold
+    if p.chunks > 1:  # the long-row kernels: passes over the row, in chunks
+        passes, streams = (4, 1) if direction == "forward" else (2, 2)
+        row_bytes = streams * D * itemsize
+        reread = (passes - 1) * row_bytes
+        working = row_bytes
+        if direction == "backward":
+            reread += 16 * D  # the partial rows of dgamma and dbeta, read and written
+            working += 8 * D
+        in_l2 = concurrent * working <= device.l2_bytes
+        past_l2 = 0 if in_l2 else rows * reread
+        latency = p.chunks * (latency + (passes - 1)
+                              * (device.l2_latency if in_l2 else device.latency))
+    extra += past_l2
+    b_row = (must + past_l2) / max(rows, 1)
     # The forward makes three row sums per row (mean_hi, mean_lo, variance), the
     # backward one.
     reduction = device.block_reduction if p.per_block else device.warp_reduction
-    exposed = (device.latency / rows_in_flight
-               + (3 if direction == "forward" else 1) * reduction)
+    exposed = latency + (3 if direction == "forward" else 1) * reduction
     t_step = concurrent * b_row / device.bandwidth + exposed
     steps = math.ceil(groups / concurrent) * per_group if rows else 0
     time = steps * t_step + device.launch_overhead

@@ -643,7 +643,7 @@ def inspect_kernels(
     --------
     >>> reports, usage = inspect_kernels()
     >>> len(reports), sum(k.count("atom") for k in reports.values())
-    (17, 0)
+    (25, 0)
     >>> usage is None or set(usage) == set(reports)
     True
     """

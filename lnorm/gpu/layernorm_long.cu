@@ -1,0 +1,242 @@
+// Fused layer norm for rows longer than a block holds in registers
+// (D > LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS = 8192): GPT-3's 12288 and
+// beyond. One block of LN_MAX_ROW_THREADS threads per row (forward) or per
+// strip of rows (backward), as the register kernels' block variants, but the
+// row is taken in CHUNKS of LN_ELEMS_PER_THREAD elements per thread and read
+// again from memory for every pass instead of being kept in registers.
+//
+// Thread t's vectors are t, t + G, t + 2G, ... (G threads), exactly as in
+// the register kernels; chunk c is its vectors c * VPT .. c * VPT + VPT - 1.
+// Every sum therefore adds the same numbers in the same order as a register
+// kernel with that many vectors per thread would: lnorm.gpu.emulate, which
+// reads the order from the plan, covers these kernels unchanged, and the
+// arithmetic of each element is the register kernels' operation for
+// operation.
+//
+// The price is bytes. The forward reads x four times (the sum, the
+// correction of the mean, the variance, the output) and the backward reads x
+// and dy twice (the two row sums, then dx). Its strip's dgamma/dbeta column
+// sums no longer fit in registers: they live in the block's own row of the
+// (row_groups, D) partial-sum buffers, read and written once per row by the
+// one thread that owns those columns, so no barrier and no atomic is needed.
+// A row of a block (and a partial row) is a few hundred KB: while the blocks
+// in flight fit in L2, the re-reads are L2 traffic, not DRAM traffic
+// (lnorm.gpu.model counts it either way).
+//
+// The chunk loops run a number of times known only at run time; they are
+// not unrolled (unroll 1), so each pass's loads appear once in the PTX,
+// where tests/test_gpu.py counts them.
+#include "layernorm_common.cu"
+
+// Call f(i, v) for each of thread t's vectors in chunk c that lies in the
+// row (the last chunk is partly empty): i is the vector's place in the
+// chunk, v its index in the row. In order: a sum made in f adds the vectors
+// in the order a register kernel holds them.
+template <int VPT, typename F>
+__device__ __forceinline__ void for_chunk(int c, int t, int G, int nvec, F f) {
+    #pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const long long v = t + (long long)(c * VPT + i) * G;
+        if (v < nvec) f(i, v);
+    }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void layernorm_forward_long(
+    const T* __restrict__ x, const T* __restrict__ gamma,
+    const T* __restrict__ beta, T* __restrict__ y,
+    float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
+    float* __restrict__ rstd_out, int rows, int D, float eps)
+{
+    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;
+    const long long row = blockIdx.x;
+    if (row >= rows) return;  // uniform over the block
+    const int t = threadIdx.x, G = blockDim.x;
+    const int nvec = D / VEC;
+    const int chunks = (nvec + VPT * G - 1) / (VPT * G);
+    const T* xrow = x + row * D;
+    T* yrow = y + row * D;
+
+    // Pass 1: mean_hi, the rounded mean.
+    float sum = 0.0f;
+    #pragma unroll 1
+    for (int c = 0; c < chunks; ++c)
+        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
+            float xv[VEC];
+            Vec<T, VEC>::load(xrow + v * VEC, xv);
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) sum += xv[k];
+        });
+    const float mean_hi = block_sum(sum) / (float)D;
+
+    // Pass 2: its correction, mean_lo = mean(x - mean_hi).
+    float lo = 0.0f;
+    #pragma unroll 1
+    for (int c = 0; c < chunks; ++c)
+        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
+            float xv[VEC];
+            Vec<T, VEC>::load(xrow + v * VEC, xv);
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) lo += xv[k] - mean_hi;
+        });
+    const float mean_lo = block_sum(lo) / (float)D;
+
+    // Pass 3: the variance of the centred row d = (x - mean_hi) - mean_lo.
+    float m2 = 0.0f;
+    #pragma unroll 1
+    for (int c = 0; c < chunks; ++c)
+        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
+            float xv[VEC];
+            Vec<T, VEC>::load(xrow + v * VEC, xv);
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const float d = (xv[k] - mean_hi) - mean_lo;
+                m2 += d * d;
+            }
+        });
+    const float var = block_sum(m2) / (float)D;
+    const float rstd = 1.0f / sqrtf(var + eps);
+
+    // Pass 4: y, written once.
+    #pragma unroll 1
+    for (int c = 0; c < chunks; ++c)
+        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
+            float xv[VEC], g[VEC], b[VEC];
+            Vec<T, VEC>::load(xrow + v * VEC, xv);
+            Vec<T, VEC>::load(gamma + v * VEC, g);
+            Vec<T, VEC>::load(beta + v * VEC, b);
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k)
+                xv[k] = ((xv[k] - mean_hi) - mean_lo) * rstd * g[k] + b[k];
+            Vec<T, VEC>::store(yrow + v * VEC, xv);
+        });
+    if (t == 0) {
+        mean_hi_out[row] = mean_hi;
+        mean_lo_out[row] = mean_lo;
+        rstd_out[row] = rstd;
+    }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void layernorm_backward_long(
+    const T* __restrict__ dy, const T* __restrict__ x,
+    const T* __restrict__ gamma, const float* __restrict__ mean_hi,
+    const float* __restrict__ mean_lo, const float* __restrict__ rstd,
+    T* __restrict__ dx,
+    float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
+    int rows, int D, int rows_per_group, int row_groups)
+{
+    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;
+    const long long group = blockIdx.x;
+    if (group >= row_groups) return;  // uniform over the block
+    const int t = threadIdx.x, G = blockDim.x;
+    const int nvec = D / VEC;
+    const int chunks = (nvec + VPT * G - 1) / (VPT * G);
+    float* dgamma_row = dgamma_part + group * D;
+    float* dbeta_row = dbeta_part + group * D;
+
+    // The strip's column sums start at zero, in this block's partial rows;
+    // only this thread ever touches its columns there.
+    #pragma unroll 1
+    for (int c = 0; c < chunks; ++c)
+        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
+            float zeros[VEC];
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) zeros[k] = 0.0f;
+            Vec<float, VEC>::store(dgamma_row + v * VEC, zeros);
+            Vec<float, VEC>::store(dbeta_row + v * VEC, zeros);
+        });
+
+    const long long first = group * rows_per_group;
+    const long long last = min(first + rows_per_group, (long long)rows);
+    for (long long row = first; row < last; ++row) {
+        const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
+        const float rs = rstd[row];
+        const T* xrow = x + row * D;
+        const T* dyrow = dy + row * D;
+
+        // Pass 1: sum(g) and sum(g * xhat), as the register kernel's step 1,
+        // a vector at a time (whole chunks of five streams would not fit in
+        // 128 registers).
+        float2 part = make_float2(0.0f, 0.0f);
+        #pragma unroll 1
+        for (int c = 0; c < chunks; ++c)
+            for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
+                float xv[VEC], dyv[VEC], gam[VEC];
+                Vec<T, VEC>::load(xrow + v * VEC, xv);
+                Vec<T, VEC>::load(dyrow + v * VEC, dyv);
+                Vec<T, VEC>::load(gamma + v * VEC, gam);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
+                    const float g = gam[k] * dyv[k];
+                    part.x += g;
+                    part.y += g * xhat;
+                }
+            });
+        part = block_sum(part);
+        const float mean_g = part.x / (float)D;
+        const float mean_gxhat = part.y / (float)D;
+
+        // Pass 2: read the row again; dx, and the column sums of the strip.
+        #pragma unroll 1
+        for (int c = 0; c < chunks; ++c)
+            for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
+                float xv[VEC], dyv[VEC], gam[VEC], dgam[VEC], dbet[VEC];
+                Vec<T, VEC>::load(xrow + v * VEC, xv);
+                Vec<T, VEC>::load(dyrow + v * VEC, dyv);
+                Vec<T, VEC>::load(gamma + v * VEC, gam);
+                Vec<float, VEC>::load(dgamma_row + v * VEC, dgam);
+                Vec<float, VEC>::load(dbeta_row + v * VEC, dbet);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
+                    const float g = gam[k] * dyv[k];
+                    xv[k] = ((g - mean_g) - xhat * mean_gxhat) * rs;
+                    dgam[k] += dyv[k] * xhat;
+                    dbet[k] += dyv[k];
+                }
+                Vec<T, VEC>::store(dx + row * D + v * VEC, xv);
+                Vec<float, VEC>::store(dgamma_row + v * VEC, dgam);
+                Vec<float, VEC>::store(dbeta_row + v * VEC, dbet);
+            });
+    }
+}
+
+// The variants of the long-row kernels: a block per row, never a warp.
+#define LN_LONG_VARIANTS(K)                            \
+    K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
+    K(long_f32_v1, float, 1, LN_BLOCK_THREADS)         \
+    K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)     \
+    K(long_f16_v1, half_bits, 1, LN_BLOCK_THREADS)
+
+// ln_fwd_long_<suffix> and ln_bwd_long_<suffix>: the arguments of the
+// register kernels, so one launch path serves both.
+#define LN_FORWARD_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)                  \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_fwd_##SUFFIX(const T* __restrict__ x, const T* __restrict__ gamma,    \
+                    const T* __restrict__ beta, T* __restrict__ y,           \
+                    float* __restrict__ mean_hi, float* __restrict__ mean_lo,\
+                    float* __restrict__ rstd, int rows, int D, float eps) {  \
+        layernorm_forward_long<T, VEC>(x, gamma, beta, y, mean_hi, mean_lo,  \
+                                       rstd, rows, D, eps);                  \
+    }
+
+#define LN_BACKWARD_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)                 \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_bwd_##SUFFIX(const T* __restrict__ dy, const T* __restrict__ x,       \
+                    const T* __restrict__ gamma,                             \
+                    const float* __restrict__ mean_hi,                       \
+                    const float* __restrict__ mean_lo,                       \
+                    const float* __restrict__ rstd, T* __restrict__ dx,      \
+                    float* __restrict__ dgamma_part,                         \
+                    float* __restrict__ dbeta_part,                          \
+                    int rows, int D, int rows_per_group, int row_groups) {   \
+        layernorm_backward_long<T, VEC>(dy, x, gamma, mean_hi, mean_lo,      \
+                                        rstd, dx, dgamma_part, dbeta_part,   \
+                                        rows, D, rows_per_group,             \
+                                        row_groups);                         \
+    }
+
+LN_LONG_VARIANTS(LN_FORWARD_LONG_KERNEL)
+LN_LONG_VARIANTS(LN_BACKWARD_LONG_KERNEL)
