@@ -28,17 +28,32 @@
 // where tests/test_gpu.py counts them.
 #include "layernorm_common.cu"
 
-// Call f(i, v) for each of thread t's vectors in chunk c that lies in the
-// row (the last chunk is partly empty): i is the vector's place in the
-// chunk, v its index in the row. In order: a sum made in f adds the vectors
-// in the order a register kernel holds them.
+// One pass over the row: f(v) for each of thread t's vectors v that lies in
+// the row, chunk by chunk (the last chunk is partly empty). In order: a sum
+// made in f adds the vectors in the order a register kernel holds them.
 template <int VPT, typename F>
-__device__ __forceinline__ void for_chunk(int c, int t, int G, int nvec, F f) {
-    #pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const long long v = t + (long long)(c * VPT + i) * G;
-        if (v < nvec) f(i, v);
+__device__ __forceinline__ void for_row(int chunks, int t, int G, int nvec,
+                                        F f) {
+    #pragma unroll 1
+    for (int c = 0; c < chunks; ++c) {
+        #pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const long long v = t + (long long)(c * VPT + i) * G;
+            if (v < nvec) f(v);
+        }
     }
+}
+
+// One pass over a row of values: f(xv) for each of thread t's vectors, xv its
+// VEC elements as floats.
+template <typename T, int VEC, typename F>
+__device__ __forceinline__ void over_row(const T* row, int chunks, int t, int G,
+                                         int nvec, F f) {
+    for_row<LN_ELEMS_PER_THREAD / VEC>(chunks, t, G, nvec, [&](long long v) {
+        float xv[VEC];
+        Vec<T, VEC>::load(row + v * VEC, xv);
+        f(xv);
+    });
 }
 
 template <typename T, int VEC>
@@ -59,57 +74,43 @@ __device__ __forceinline__ void layernorm_forward_long(
 
     // Pass 1: mean_hi, the rounded mean.
     float sum = 0.0f;
-    #pragma unroll 1
-    for (int c = 0; c < chunks; ++c)
-        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
-            float xv[VEC];
-            Vec<T, VEC>::load(xrow + v * VEC, xv);
-            #pragma unroll
-            for (int k = 0; k < VEC; ++k) sum += xv[k];
-        });
+    over_row<T, VEC>(xrow, chunks, t, G, nvec, [&](const float* xv) {
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) sum += xv[k];
+    });
     const float mean_hi = block_sum(sum) / (float)D;
 
     // Pass 2: its correction, mean_lo = mean(x - mean_hi).
     float lo = 0.0f;
-    #pragma unroll 1
-    for (int c = 0; c < chunks; ++c)
-        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
-            float xv[VEC];
-            Vec<T, VEC>::load(xrow + v * VEC, xv);
-            #pragma unroll
-            for (int k = 0; k < VEC; ++k) lo += xv[k] - mean_hi;
-        });
+    over_row<T, VEC>(xrow, chunks, t, G, nvec, [&](const float* xv) {
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) lo += xv[k] - mean_hi;
+    });
     const float mean_lo = block_sum(lo) / (float)D;
 
     // Pass 3: the variance of the centred row d = (x - mean_hi) - mean_lo.
     float m2 = 0.0f;
-    #pragma unroll 1
-    for (int c = 0; c < chunks; ++c)
-        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
-            float xv[VEC];
-            Vec<T, VEC>::load(xrow + v * VEC, xv);
-            #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                const float d = (xv[k] - mean_hi) - mean_lo;
-                m2 += d * d;
-            }
-        });
+    over_row<T, VEC>(xrow, chunks, t, G, nvec, [&](const float* xv) {
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) {
+            const float d = (xv[k] - mean_hi) - mean_lo;
+            m2 += d * d;
+        }
+    });
     const float var = block_sum(m2) / (float)D;
     const float rstd = 1.0f / sqrtf(var + eps);
 
     // Pass 4: y, written once.
-    #pragma unroll 1
-    for (int c = 0; c < chunks; ++c)
-        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
-            float xv[VEC], g[VEC], b[VEC];
-            Vec<T, VEC>::load(xrow + v * VEC, xv);
-            Vec<T, VEC>::load(gamma + v * VEC, g);
-            Vec<T, VEC>::load(beta + v * VEC, b);
-            #pragma unroll
-            for (int k = 0; k < VEC; ++k)
-                xv[k] = ((xv[k] - mean_hi) - mean_lo) * rstd * g[k] + b[k];
-            Vec<T, VEC>::store(yrow + v * VEC, xv);
-        });
+    for_row<VPT>(chunks, t, G, nvec, [&](long long v) {
+        float xv[VEC], g[VEC], b[VEC];
+        Vec<T, VEC>::load(xrow + v * VEC, xv);
+        Vec<T, VEC>::load(gamma + v * VEC, g);
+        Vec<T, VEC>::load(beta + v * VEC, b);
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k)
+            xv[k] = ((xv[k] - mean_hi) - mean_lo) * rstd * g[k] + b[k];
+        Vec<T, VEC>::store(yrow + v * VEC, xv);
+    });
     if (t == 0) {
         mean_hi_out[row] = mean_hi;
         mean_lo_out[row] = mean_lo;
@@ -137,15 +138,13 @@ __device__ __forceinline__ void layernorm_backward_long(
 
     // The strip's column sums start at zero, in this block's partial rows;
     // only this thread ever touches its columns there.
-    #pragma unroll 1
-    for (int c = 0; c < chunks; ++c)
-        for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
-            float zeros[VEC];
-            #pragma unroll
-            for (int k = 0; k < VEC; ++k) zeros[k] = 0.0f;
-            Vec<float, VEC>::store(dgamma_row + v * VEC, zeros);
-            Vec<float, VEC>::store(dbeta_row + v * VEC, zeros);
-        });
+    for_row<VPT>(chunks, t, G, nvec, [&](long long v) {
+        float zeros[VEC];
+        #pragma unroll
+        for (int k = 0; k < VEC; ++k) zeros[k] = 0.0f;
+        Vec<float, VEC>::store(dgamma_row + v * VEC, zeros);
+        Vec<float, VEC>::store(dbeta_row + v * VEC, zeros);
+    });
 
     const long long first = group * rows_per_group;
     const long long last = min(first + rows_per_group, (long long)rows);
@@ -159,47 +158,43 @@ __device__ __forceinline__ void layernorm_backward_long(
         // a vector at a time (whole chunks of five streams would not fit in
         // 128 registers).
         float2 part = make_float2(0.0f, 0.0f);
-        #pragma unroll 1
-        for (int c = 0; c < chunks; ++c)
-            for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
-                float xv[VEC], dyv[VEC], gam[VEC];
-                Vec<T, VEC>::load(xrow + v * VEC, xv);
-                Vec<T, VEC>::load(dyrow + v * VEC, dyv);
-                Vec<T, VEC>::load(gamma + v * VEC, gam);
-                #pragma unroll
-                for (int k = 0; k < VEC; ++k) {
-                    const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
-                    const float g = gam[k] * dyv[k];
-                    part.x += g;
-                    part.y += g * xhat;
-                }
-            });
+        for_row<VPT>(chunks, t, G, nvec, [&](long long v) {
+            float xv[VEC], dyv[VEC], gam[VEC];
+            Vec<T, VEC>::load(xrow + v * VEC, xv);
+            Vec<T, VEC>::load(dyrow + v * VEC, dyv);
+            Vec<T, VEC>::load(gamma + v * VEC, gam);
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
+                const float g = gam[k] * dyv[k];
+                part.x += g;
+                part.y += g * xhat;
+            }
+        });
         part = block_sum(part);
         const float mean_g = part.x / (float)D;
         const float mean_gxhat = part.y / (float)D;
 
         // Pass 2: read the row again; dx, and the column sums of the strip.
-        #pragma unroll 1
-        for (int c = 0; c < chunks; ++c)
-            for_chunk<VPT>(c, t, G, nvec, [&](int, long long v) {
-                float xv[VEC], dyv[VEC], gam[VEC], dgam[VEC], dbet[VEC];
-                Vec<T, VEC>::load(xrow + v * VEC, xv);
-                Vec<T, VEC>::load(dyrow + v * VEC, dyv);
-                Vec<T, VEC>::load(gamma + v * VEC, gam);
-                Vec<float, VEC>::load(dgamma_row + v * VEC, dgam);
-                Vec<float, VEC>::load(dbeta_row + v * VEC, dbet);
-                #pragma unroll
-                for (int k = 0; k < VEC; ++k) {
-                    const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
-                    const float g = gam[k] * dyv[k];
-                    xv[k] = ((g - mean_g) - xhat * mean_gxhat) * rs;
-                    dgam[k] += dyv[k] * xhat;
-                    dbet[k] += dyv[k];
-                }
-                Vec<T, VEC>::store(dx + row * D + v * VEC, xv);
-                Vec<float, VEC>::store(dgamma_row + v * VEC, dgam);
-                Vec<float, VEC>::store(dbeta_row + v * VEC, dbet);
-            });
+        for_row<VPT>(chunks, t, G, nvec, [&](long long v) {
+            float xv[VEC], dyv[VEC], gam[VEC], dgam[VEC], dbet[VEC];
+            Vec<T, VEC>::load(xrow + v * VEC, xv);
+            Vec<T, VEC>::load(dyrow + v * VEC, dyv);
+            Vec<T, VEC>::load(gamma + v * VEC, gam);
+            Vec<float, VEC>::load(dgamma_row + v * VEC, dgam);
+            Vec<float, VEC>::load(dbeta_row + v * VEC, dbet);
+            #pragma unroll
+            for (int k = 0; k < VEC; ++k) {
+                const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
+                const float g = gam[k] * dyv[k];
+                xv[k] = ((g - mean_g) - xhat * mean_gxhat) * rs;
+                dgam[k] += dyv[k] * xhat;
+                dbet[k] += dyv[k];
+            }
+            Vec<T, VEC>::store(dx + row * D + v * VEC, xv);
+            Vec<float, VEC>::store(dgamma_row + v * VEC, dgam);
+            Vec<float, VEC>::store(dbeta_row + v * VEC, dbet);
+        });
     }
 }
 
