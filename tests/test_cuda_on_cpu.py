@@ -211,6 +211,18 @@ def test_sanitizers_find_nothing(host, kind):
     assert not [d for d in DIRTY if d in out], out[-4000:]
 
 
+RACE = "WARNING: ThreadSanitizer: data race"
+OVERFLOW = "ERROR: AddressSanitizer: heap-buffer-overflow"
+
+
+def run_control(tmp_path, filename: str, edit, shape, kind: str) -> tuple[int, str]:
+    """The float32 selftest at ``shape`` on ``filename`` passed through ``edit``,
+    built with the ``kind`` sanitizer."""
+    src = modified_copy(tmp_path, filename, edit)
+    flags = cpu.SANITIZE[kind]
+    return run(selftest((shape,), flags, src, ("float32",)), flags, src)
+
+
 @pytest.mark.slow
 def test_control_missing_barrier_is_a_data_race(host, tmp_path):
     def drop_first_barrier(
@@ -219,26 +231,42 @@ def test_control_missing_barrier_is_a_data_race(host, tmp_path):
         at = text.index("block_sum(V v")
         return text[:at] + text[at:].replace("__syncthreads();", "", 1)
 
-    src = modified_copy(tmp_path, kernels.COMMON_FILE, drop_first_barrier)
-    flags = cpu.SANITIZE["tsan"]
-    rc, out = run(selftest(((2, 513),), flags, src, ("float32",)), flags, src)
-    assert rc != 0 and "WARNING: ThreadSanitizer: data race" in out, out[-4000:]
-    assert "block_sum" in out, out[-4000:]
+    rc, out = run_control(
+        tmp_path, kernels.COMMON_FILE, drop_first_barrier, (2, 513), "tsan"
+    )
+    assert rc != 0 and RACE in out and "block_sum" in out, out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_long_row_missing_barrier_is_a_data_race(host, tmp_path):
+    """Without the barrier before its second pass, the long-row backward reads
+    the strip's last row means while thread 0 may still be writing them."""
+
+    def drop_barrier(text):
+        return text.replace("    __syncthreads();  // every row's means", "    //", 1)
+
+    rc, out = run_control(tmp_path, kernels.LONG_FILE, drop_barrier, (2, 8200), "tsan")
+    assert rc != 0 and RACE in out and "layernorm_backward_long" in out, out[-4000:]
 
 
 @pytest.mark.slow
 def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
-    src = modified_copy(
-        tmp_path,
-        "layernorm_forward.cu",
-        lambda t: t.replace("if (v < nvec)", "if (v <= nvec)", 1),
-    )
-    flags = cpu.SANITIZE["asan"]
-    rc, out = run(selftest(((3, 7),), flags, src, ("float32",)), flags, src)
-    assert rc != 0 and "ERROR: AddressSanitizer: heap-buffer-overflow" in out, out[
-        -4000:
-    ]
-    assert "layernorm_forward" in out, out[-4000:]
+    def one_past(text):
+        return text.replace("if (v < nvec)", "if (v <= nvec)", 1)
+
+    rc, out = run_control(tmp_path, "layernorm_forward.cu", one_past, (3, 7), "asan")
+    assert rc != 0 and OVERFLOW in out and "layernorm_forward" in out, out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_long_row_read_past_its_end_is_a_heap_overflow(host, tmp_path):
+    """The same for the long-row kernels: one vector past the last chunk."""
+
+    def one_past(text):
+        return text.replace("if (v < nvec) f(v);", "if (v <= nvec) f(v);", 1)
+
+    rc, out = run_control(tmp_path, kernels.LONG_FILE, one_past, (2, 8200), "asan")
+    assert rc != 0 and OVERFLOW in out and "layernorm_long" in out, out[-4000:]
 
 
 @pytest.mark.slow

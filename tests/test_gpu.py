@@ -96,6 +96,7 @@ def test_constants_are_read_from_the_source():
         "LN_WARPS_PER_BLOCK",
         "LN_MAX_ROW_THREADS",
         "LN_REDUCE_SLICES",
+        "LN_LONG_STRIP",
     }
     assert kernels.max_D() == E * C["LN_MAX_ROW_THREADS"] == 8192
 
@@ -158,6 +159,13 @@ def test_plan_strips_cover_every_row_once(rows):
         assert p.backward_grid * C["LN_WARPS_PER_BLOCK"] >= p.row_groups
     else:
         assert p.row_groups == 0
+
+
+@pytest.mark.parametrize("rows", [0, 1, 15, 16, 17, 1000, 10**6])
+def test_long_row_strips_cover_every_row_once(rows):
+    p = kernels.plan(rows, 12288, np.float32)
+    assert p.rows_per_group == C["LN_LONG_STRIP"]  # the means fit in shared memory
+    assert p.row_groups == -(-rows // C["LN_LONG_STRIP"]) == p.backward_grid
 
 
 @pytest.mark.parametrize("rows", [1, 16, 1000, 4096, 10**6])
@@ -243,10 +251,14 @@ def test_accuracy_is_flat_in_the_offset(offset):
         assert plain["y"] > 100 * err["y"]
 
 
-@pytest.mark.parametrize("D", [1, 2, 7, 64, 513, 1027, 4099, 8192])
+@pytest.mark.parametrize("D", [1, 2, 7, 64, 513, 1027, 4099, 8192, 12288, 16387])
 def test_errors_stay_within_the_derived_bound(D):
     bound = check.error_bounds(D)
-    assert bound["depth"] <= 16 + np.log2(max(D, 32)) and bound["y"] < bound["dx"]
+    if D <= kernels.max_D():
+        assert bound["depth"] <= 16 + np.log2(max(D, 32))
+    else:  # the long-row kernels: 16 elements a thread per chunk, 5 + 5 rounds
+        assert bound["depth"] <= 16 * -(-D // kernels.max_D()) + 10
+    assert bound["y"] < bound["dx"]
     for offset in (0.0, 1e3, 1e6):
         for dy_offset in (0.0, 1e3):
             err = check.offset_errors(
@@ -423,23 +435,24 @@ def test_long_row_kernels_read_the_row_once_per_pass(compiled):
             assert r.per_argument("st", in_loop=False) == {
                 "mean_hi": stat, "mean_lo": stat, "rstd": stat}, name
         else:
-            # x, dy (and gamma): the two row sums, then dx; the strip's float32
-            # column sums read once and written twice (zeroed, then updated) in
-            # the block's partial rows, at most 16 bytes an instruction.
+            # x, dy and gamma: the two row sums, then dx (gamma once a chunk);
+            # the row statistics in both passes; the strip's float32 column
+            # sums written once per chunk, never read, at most 16 bytes an
+            # instruction.
             partial = (E // min(vec, 4), E * 4)
+            twice = (2, 8)
             assert r.per_argument("ld", in_loop=True) == {
                 "x": passes(2), "dy": passes(2), "gamma": passes(2),
-                "mean_hi": stat, "mean_lo": stat, "rstd": stat,
-                "dgamma_part": partial, "dbeta_part": partial}, name
+                "mean_hi": twice, "mean_lo": twice, "rstd": twice}, name
             assert r.per_argument("st", in_loop=True) == {
-                "dx": row,
-                "dgamma_part": (2 * partial[0], 2 * partial[1]),
-                "dbeta_part": (2 * partial[0], 2 * partial[1])}, name
-        sums = 3 if direction == "fwd" else 1
+                "dx": row, "dgamma_part": partial, "dbeta_part": partial}, name
         floats = 3 if direction == "fwd" else 2
         assert r.count("shfl.sync.bfly") == floats * 5 * 2, name
-        assert r.count("bar.sync") == 2 * sums, name
-        assert r.shared_bytes == 33 * (4 if direction == "fwd" else 8), name
+        if direction == "fwd":  # three row sums of two barriers
+            assert r.count("bar.sync") == 6 and r.shared_bytes == 33 * 4, name
+        else:  # one row sum, and one barrier before the strip's means are read
+            assert r.count("bar.sync") == 3, name
+            assert r.shared_bytes == 33 * 8 + C["LN_LONG_STRIP"] * 8, name
     assert seen == 8
 
 
@@ -767,7 +780,9 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
     """FusedLayerNorm's launches, checked against the PTX parameter list and the plan.
     """
     ptx_types = {}
+    params = {}  # every kernel of every file: its argument names
     for f in kernels.KERNEL_FILES:
+        params.update(kernels.kernel_params(f))
         for name, r in ptx.inspect_ptx(kernels.compile_ptx(f, "sm_80")).items():
             ptx_types[name] = r.param_types
     launches = []
@@ -780,6 +795,7 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         (37, 7, np.float16),
         (37, 1027, np.float32),
         (40, 8192, np.float16),
+        (24, 12288, np.float16),  # a long-row kernel
     ]:
         inp = check.make_inputs(rows, D, dtype, seed=1)
         p = kernels.plan(rows, D, dtype)
@@ -793,7 +809,7 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         )
         rows_per_block = p.block // p.threads_per_row
         assert grid[0] * rows_per_block >= rows > (grid[0] - 1) * rows_per_block
-        named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[0])[name], args))
+        named = dict(zip(params[name], args))
         np.testing.assert_array_equal(named["x"], inp["x"])
         assert named["y"] is y and named["mean_hi"] is hi and named["mean_lo"] is lo
         assert named["rstd"] is rstd
@@ -809,7 +825,7 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
             and block == (p.block,)
             and grid == (p.backward_grid,)
         )
-        named = dict(zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[name], args))
+        named = dict(zip(params[name], args))
         np.testing.assert_array_equal(named["dy"], inp["dy"])
         np.testing.assert_array_equal(named["x"], inp["x"])
         assert named["dx"] is dx and named["dgamma_part"].shape == (p.row_groups, D)
@@ -819,9 +835,7 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         )
         groups_per_block = p.block // p.threads_per_row
         assert grid[0] * groups_per_block >= p.row_groups
-        reduce_named = dict(
-            zip(kernels.kernel_params(kernels.KERNEL_FILES[1])[rname], rargs)
-        )
+        reduce_named = dict(zip(params[rname], rargs))
         assert rname == "ln_bwd_reduce_params" and rblock == (32, C["LN_REDUCE_SLICES"])
         assert rgrid[0] * 32 >= D > (rgrid[0] - 1) * 32
         assert reduce_named["dgamma_part"] is named["dgamma_part"]
@@ -853,36 +867,36 @@ def test_model_time_is_at_least_bytes_over_bandwidth(direction, D, dtype):
     extra = (
         kernels.plan(8192, D, dtype).partials_bytes if direction == "backward" else 0
     )
+    item = np.dtype(dtype).itemsize
     if D <= kernels.max_D():
         assert p.bytes_moved == p.bytes + extra
-    else:  # re-reads of long rows: from L2, or through DRAM as well
-        assert p.bytes_moved >= p.bytes + extra
+    elif direction == "backward":  # x and dy read twice
+        assert p.bytes_moved == p.bytes + extra + 8192 * D * 2 * item
+    else:  # three re-reads of x, from L2 or through DRAM
+        assert p.bytes_moved in (p.bytes, p.bytes + 8192 * D * 3 * item)
     # More latency per row, more time.
     slow = model.Device("slow", 132, 3.0e12, 2e-6, 0.25e-6, 0.05e-6)
     assert model.predict(direction, 8192, D, dtype, device=slow).time > p.time
 
 
-def test_model_counts_the_rereads_of_long_rows_past_l2():
-    rows, D = 8192, 65536
-    fwd = model.predict("forward", rows, D, "float32")
-    bwd = model.predict("backward", rows, D, "float32")
-    partials = kernels.plan(rows, D, "float32").partials_bytes
-    # 512 threads of 64 registers: two blocks an SM, 264 blocks, each with two rows
-    # of 256 KiB and a partial row of 512 KiB in flight: far past 50 MiB of L2.
-    assert bwd.concurrent_groups == 2 * model.H100.sm_count
-    # The backward reads x and dy once more, and the partial rows (dgamma and dbeta,
-    # float32) are read and written once per row.
-    assert bwd.bytes_moved - bwd.bytes - partials == rows * D * (2 * 4 + 16)
-    # The forward's rows in flight: in float32 they outgrow L2 and its three
-    # re-reads of x go through DRAM; in float16 (half the bytes) they stay in L2.
-    assert fwd.concurrent_groups * D * 4 > model.H100.l2_bytes
-    assert fwd.bytes_moved - fwd.bytes == rows * D * 4 * 3
-    half = model.predict("forward", rows, D, "float16")
-    assert half.concurrent_groups * D * 2 <= model.H100.l2_bytes
-    assert half.bytes_moved == half.bytes
+def test_model_counts_the_rereads_of_long_rows():
+    rows = 8192
+    # The backward reads a strip's x and dy again after the whole strip: DRAM.
+    for D in (12288, 65536):
+        bwd = model.predict("backward", rows, D, "float32")
+        partials = kernels.plan(rows, D, "float32").partials_bytes
+        assert bwd.bytes_moved - bwd.bytes - partials == rows * D * 2 * 4
+    # The forward's x and y rows of the blocks in flight, with gamma and beta:
+    # 396 blocks of 48 KiB rows fit in 50 MiB of L2; of 256 KiB rows they do not.
+    fwd = model.predict("forward", rows, 12288, "float32")
+    assert (2 * fwd.concurrent_groups + 2) * 12288 * 4 <= model.H100.l2_bytes
+    assert fwd.bytes_moved == fwd.bytes
+    fwd = model.predict("forward", rows, 65536, "float32")
+    assert (2 * fwd.concurrent_groups + 2) * 65536 * 4 > model.H100.l2_bytes
+    assert fwd.bytes_moved - fwd.bytes == rows * 65536 * 4 * 3
     # A row that fits in registers costs less per element than one read in chunks.
     short = model.predict("backward", rows, 8192, "float32")
-    assert short.share() > bwd.share()
+    assert short.share() > model.predict("backward", rows, 12288, "float32").share()
 
 
 def test_model_registers_match_ptxas():

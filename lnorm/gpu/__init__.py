@@ -12,7 +12,11 @@ The kernels are the ``*.cu`` files next to this module:
   recomputed, both row reductions in one shuffle pass, ``dx`` written once;
   ``dgamma``/``dbeta`` summed per row group over its strip into a
   ``(row_groups, D)`` buffer, which a second kernel reduces in a fixed order:
-  deterministic, no atomics.
+  deterministic, no atomics;
+* ``layernorm_long.cu``: both passes for rows longer than a block holds in
+  registers (``D > max_D()``), taken in chunks and read again for every pass
+  over the row, with the same order of every sum (the emulation covers them
+  unchanged).
 
 Storage is float32 or float16; arithmetic is always float32. Chapter 6 ("One
 kernel: fused layer norm on the GPU") derives and measures them.

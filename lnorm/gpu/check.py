@@ -206,7 +206,9 @@ def summation_depth(p: LaunchPlan) -> int:
 
     Each thread adds its elements (at most ``vecs_per_thread * vec``) in
     sequence, then a warp's 32 partial sums meet in 5 shuffle rounds, and a
-    block's warps in 5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)``.
+    block's warps in 5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)`` for
+    the kernels that hold the row in registers; ``chunks`` times as many
+    elements per thread for the long-row kernels.
 
     Parameters
     ----------
@@ -230,6 +232,8 @@ def summation_depth(p: LaunchPlan) -> int:
     6
     >>> summation_depth(plan(1, 4096, np.float32))  # 16 a thread, 5 + 5 rounds
     26
+    >>> summation_depth(plan(1, 12288, np.float32))  # 24 a thread (2 chunks), 5 + 5
+    34
     """
     nvec = p.D // p.vec
     serial = -(-nvec // p.threads_per_row) * p.vec
@@ -259,9 +263,10 @@ def error_bounds(D: int) -> dict[str, float]:
     relative to that scale, ``(2k + 12) u`` (the ``dx`` measure of
     :func:`lnorm.gpu.check.offset_errors`). Up to ``D = max_D()``, ``k <= 16 +
     log2 D`` and both are of the form ``c u (1 + log2 D)``. Longer rows are
-    summed by the same 512 threads, each adding ``16 * chunks`` elements in
-    sequence, so there ``k = 16 ceil(D / 8192) + 10`` grows linearly in ``D``
-    (138 at ``D = 65536``). Nothing depends on the offset of ``x``:
+    summed by 512 threads, the busiest adding ``vec * ceil(D / vec / 512)``
+    elements in sequence, so there ``k = vec * ceil(D / vec / 512) + 10 <= 16
+    ceil(D / 8192) + 10`` grows linearly in ``D`` (34 at ``D = 12288``, 138 at
+    65536). Nothing depends on the offset of ``x``:
     that is the point of the corrected mean. Measured errors sit far below (random
     rounding errors grow like ``sqrt(k)``, not ``k``).
 

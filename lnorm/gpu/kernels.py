@@ -29,6 +29,7 @@ __all__ = [
     "SOURCE_DIR",
     "KERNEL_FILES",
     "REGISTER_FILES",
+    "LONG_FILE",
     "MAX_ROW",
     "COMPILE_OPTIONS",
     "ARCHS",
@@ -49,8 +50,10 @@ __all__ = [
 #: The directory of the ``.cu`` files — this package's own.
 SOURCE_DIR = Path(__file__).resolve().parent
 COMMON_FILE = "layernorm_common.cu"
+#: The file of the kernels for rows longer than registers hold.
+LONG_FILE = "layernorm_long.cu"
 #: The kernel files, each compiled as one NVRTC program.
-KERNEL_FILES = ("layernorm_forward.cu", "layernorm_backward.cu", "layernorm_long.cu")
+KERNEL_FILES = ("layernorm_forward.cu", "layernorm_backward.cu", LONG_FILE)
 #: The files of the kernels that hold a row in registers (``D <= max_D()``);
 #: ``layernorm_long.cu`` has those of longer rows.
 REGISTER_FILES = KERNEL_FILES[:2]
@@ -70,7 +73,9 @@ ARCHS = ("sm_80", "sm_90")
 #: (:attr:`lnorm.gpu.kernels.LaunchPlan.partials_bytes`); and there are at
 #: most MAX_ROW_GROUPS row groups.
 MIN_ROWS_PER_GROUP = 16
-#: Backward — the most row groups (warps or blocks) a launch has.
+#: Backward — the most row groups (warps or blocks) a launch of the register
+#: kernels has. (The long-row backward has strips of ``LN_LONG_STRIP`` rows,
+#: as many as that takes.)
 MAX_ROW_GROUPS = 4096
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
@@ -82,7 +87,9 @@ def _read(name: str) -> str:
 
 
 def constants() -> dict[str, int]:
-    r"""Read the ``#define LN_* <int>`` launch constants of ``layernorm_common.cu``.
+    r"""Read the ``#define LN_* <int>`` launch constants of the CUDA sources.
+
+    Those of ``layernorm_common.cu``, then those of ``layernorm_long.cu``.
 
     Read from the CUDA source, so the launcher and the emulation use exactly
     the values the kernels were compiled with.
@@ -90,9 +97,10 @@ def constants() -> dict[str, int]:
     Returns
     -------
     dict of str to int
-        ``{"LN_ELEMS_PER_THREAD": 16, ...}``, in the order of the source: row
-        elements per thread, rows per block of the warp-per-row kernels, the
-        largest block, and threads per column of the dgamma/dbeta reduction.
+        ``{"LN_ELEMS_PER_THREAD": 16, ...}``, in the order of the sources:
+        row elements per thread, rows per block of the warp-per-row kernels,
+        the largest block, threads per column of the dgamma/dbeta reduction,
+        and rows per strip of the long-row backward.
 
     See Also
     --------
@@ -107,6 +115,7 @@ def constants() -> dict[str, int]:
     LN_WARPS_PER_BLOCK 4
     LN_MAX_ROW_THREADS 512
     LN_REDUCE_SLICES 8
+    LN_LONG_STRIP 16
     """
     return dict(_constants())
 
@@ -115,7 +124,8 @@ def constants() -> dict[str, int]:
 def _constants() -> tuple[tuple[str, int], ...]:
     # Cached: the launch path asks for these on every call, and the file does
     # not change.
-    found = re.findall(r"^#define\s+(LN_\w+)\s+(\d+)\b", _read(COMMON_FILE), re.M)
+    text = _read(COMMON_FILE) + _read(LONG_FILE)
+    found = re.findall(r"^#define\s+(LN_\w+)\s+(\d+)\b", text, re.M)
     return tuple((name, int(value)) for name, value in found)
 
 
@@ -390,11 +400,11 @@ class LaunchPlan:
         One row per block (rows longer than a warp holds) rather than one row
         per warp.
     chunks : int
-        Passes of ``block`` threads it takes to cover a row at
-        ``LN_ELEMS_PER_THREAD`` elements per thread: 1 for the kernels that
-        hold the row in registers (``D <= max_D()``), more for the long-row
-        kernels of ``layernorm_long.cu``, which read the row again for every
-        pass.
+        Chunks of ``block * LN_ELEMS_PER_THREAD`` elements a row is taken in:
+        1 for the kernels that hold the row in registers (``D <= max_D()``),
+        more for the long-row kernels of ``layernorm_long.cu``, which walk the
+        row chunk by chunk and read it again for every pass over it (four in
+        the forward, two in the backward).
     threads_per_row : int
         32 for a warp, else the block size.
     block : int
@@ -567,9 +577,10 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     fewest warps that hold the row at ``LN_ELEMS_PER_THREAD`` elements per
     thread, up to ``LN_MAX_ROW_THREADS`` threads. Rows longer than that block
     holds (``D > max_D()``) get a block of ``LN_MAX_ROW_THREADS`` threads that
-    takes the row in ``chunks`` passes (the long-row kernels). The backward
+    takes the row in ``chunks`` chunks (the long-row kernels). The backward
     gives each row group a strip of ``rows_per_group = max(MIN_ROWS_PER_GROUP,
-    ceil(rows / MAX_ROW_GROUPS))`` consecutive rows.
+    ceil(rows / MAX_ROW_GROUPS))`` consecutive rows, or of ``LN_LONG_STRIP``
+    rows for the long-row kernels (as many row groups as that takes).
 
     Parameters
     ----------
@@ -642,8 +653,12 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
         threads = 32
         block = 32 * c["LN_WARPS_PER_BLOCK"]
         forward_grid = math.ceil(rows / c["LN_WARPS_PER_BLOCK"])
-    # Strips of equal length (the last one shorter), none empty.
-    rows_per_group = max(MIN_ROWS_PER_GROUP, math.ceil(rows / MAX_ROW_GROUPS))
+    # Strips of equal length (the last one shorter), none empty. The long-row
+    # backward keeps a strip's row means in shared memory: LN_LONG_STRIP rows.
+    if chunks > 1:
+        rows_per_group = c["LN_LONG_STRIP"]
+    else:
+        rows_per_group = max(MIN_ROWS_PER_GROUP, math.ceil(rows / MAX_ROW_GROUPS))
     row_groups = math.ceil(rows / rows_per_group)
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
     backward_grid = math.ceil(row_groups / groups_per_block)

@@ -14,19 +14,25 @@
 // operation.
 //
 // The price is bytes. The forward reads x four times (the sum, the
-// correction of the mean, the variance, the output) and the backward reads x
-// and dy twice (the two row sums, then dx). Its strip's dgamma/dbeta column
-// sums no longer fit in registers: they live in the block's own row of the
-// (row_groups, D) partial-sum buffers, read and written once per row by the
-// one thread that owns those columns, so no barrier and no atomic is needed.
-// A row of a block (and a partial row) is a few hundred KB: while the blocks
-// in flight fit in L2, the re-reads are L2 traffic, not DRAM traffic
-// (lnorm.gpu.model counts it either way).
+// correction of the mean, the variance, the output); a block's row is tens
+// to hundreds of KB, so while the rows of the blocks in flight fit in L2,
+// the re-reads are L2 traffic, not DRAM traffic. The backward takes a strip
+// of LN_LONG_STRIP rows in two passes: first the two row sums of each row
+// (their means wait in shared memory), then chunk by chunk the strip's rows
+// again, writing dx, with gamma and the chunk's dgamma/dbeta column sums in
+// registers as the register kernel holds them; at the end of each chunk its
+// column sums go to the block's row of the (row_groups, D) buffers, written
+// once. So x and dy are read twice: the strip is megabytes, too much for L2
+// to keep between the passes, and lnorm.gpu.model counts it as DRAM traffic.
 //
 // The chunk loops run a number of times known only at run time; they are
 // not unrolled (unroll 1), so each pass's loads appear once in the PTX,
 // where tests/test_gpu.py counts them.
 #include "layernorm_common.cu"
+
+// Rows per strip of the long-row backward: its rows' means wait in shared
+// memory between its two passes. (lnorm.gpu.kernels reads this number.)
+#define LN_LONG_STRIP 16
 
 // One pass over the row: f(v) for each of thread t's vectors v that lies in
 // the row, chunk by chunk (the last chunk is partly empty). In order: a sum
@@ -68,7 +74,7 @@ __device__ __forceinline__ void layernorm_forward_long(
     if (row >= rows) return;  // uniform over the block
     const int t = threadIdx.x, G = blockDim.x;
     const int nvec = D / VEC;
-    const int chunks = (nvec + VPT * G - 1) / (VPT * G);
+    const int chunks = (nvec - 1) / (VPT * G) + 1;  // nvec >= 1; no overflow
     const T* xrow = x + row * D;
     T* yrow = y + row * D;
 
@@ -127,36 +133,25 @@ __device__ __forceinline__ void layernorm_backward_long(
     float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
     int rows, int D, int rows_per_group, int row_groups)
 {
-    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;
+    constexpr int E = LN_ELEMS_PER_THREAD, VPT = E / VEC;
+    __shared__ float2 means[LN_LONG_STRIP];  // mean(g), mean(g * xhat) per row
     const long long group = blockIdx.x;
     if (group >= row_groups) return;  // uniform over the block
     const int t = threadIdx.x, G = blockDim.x;
     const int nvec = D / VEC;
-    const int chunks = (nvec + VPT * G - 1) / (VPT * G);
-    float* dgamma_row = dgamma_part + group * D;
-    float* dbeta_row = dbeta_part + group * D;
-
-    // The strip's column sums start at zero, in this block's partial rows;
-    // only this thread ever touches its columns there.
-    for_row<VPT>(chunks, t, G, nvec, [&](long long v) {
-        float zeros[VEC];
-        #pragma unroll
-        for (int k = 0; k < VEC; ++k) zeros[k] = 0.0f;
-        Vec<float, VEC>::store(dgamma_row + v * VEC, zeros);
-        Vec<float, VEC>::store(dbeta_row + v * VEC, zeros);
-    });
-
+    const int chunks = (nvec - 1) / (VPT * G) + 1;  // nvec >= 1; no overflow
     const long long first = group * rows_per_group;
-    const long long last = min(first + rows_per_group, (long long)rows);
-    for (long long row = first; row < last; ++row) {
+    // rows_per_group <= LN_LONG_STRIP (the plan makes it so)
+    const int strip = (int)(min(first + rows_per_group, (long long)rows) - first);
+
+    // Pass 1, row by row: sum(g) and sum(g * xhat), as the register kernel's
+    // step 1; the two means wait in shared memory for pass 2.
+    for (int r = 0; r < strip; ++r) {
+        const long long row = first + r;
         const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
         const float rs = rstd[row];
         const T* xrow = x + row * D;
         const T* dyrow = dy + row * D;
-
-        // Pass 1: sum(g) and sum(g * xhat), as the register kernel's step 1,
-        // a vector at a time (whole chunks of five streams would not fit in
-        // 128 registers).
         float2 part = make_float2(0.0f, 0.0f);
         for_row<VPT>(chunks, t, G, nvec, [&](long long v) {
             float xv[VEC], dyv[VEC], gam[VEC];
@@ -172,29 +167,61 @@ __device__ __forceinline__ void layernorm_backward_long(
             }
         });
         part = block_sum(part);
-        const float mean_g = part.x / (float)D;
-        const float mean_gxhat = part.y / (float)D;
+        if (t == 0) means[r] = make_float2(part.x / (float)D, part.y / (float)D);
+    }
+    __syncthreads();  // every row's means, seen by every thread
 
-        // Pass 2: read the row again; dx, and the column sums of the strip.
-        for_row<VPT>(chunks, t, G, nvec, [&](long long v) {
-            float xv[VEC], dyv[VEC], gam[VEC], dgam[VEC], dbet[VEC];
-            Vec<T, VEC>::load(xrow + v * VEC, xv);
-            Vec<T, VEC>::load(dyrow + v * VEC, dyv);
-            Vec<T, VEC>::load(gamma + v * VEC, gam);
-            Vec<float, VEC>::load(dgamma_row + v * VEC, dgam);
-            Vec<float, VEC>::load(dbeta_row + v * VEC, dbet);
+    // Pass 2, chunk by chunk: the strip's rows read again, dx written once;
+    // gamma and the chunk's column sums in registers, as the register
+    // kernel holds them for its whole row.
+    #pragma unroll 1
+    for (int c = 0; c < chunks; ++c) {
+        float gam[E], dgamma_acc[E], dbeta_acc[E];
+        #pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const long long v = t + (long long)(c * VPT + i) * G;
             #pragma unroll
-            for (int k = 0; k < VEC; ++k) {
-                const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
-                const float g = gam[k] * dyv[k];
-                xv[k] = ((g - mean_g) - xhat * mean_gxhat) * rs;
-                dgam[k] += dyv[k] * xhat;
-                dbet[k] += dyv[k];
+            for (int k = 0; k < VEC; ++k)
+                dgamma_acc[i * VEC + k] = dbeta_acc[i * VEC + k] = 0.0f;
+            if (v < nvec) Vec<T, VEC>::load(gamma + v * VEC, &gam[i * VEC]);
+        }
+        int r = 0;  // a strip has at least one row
+        do {
+            const long long row = first + r;
+            const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
+            const float rs = rstd[row];
+            const float2 m = means[r];
+            #pragma unroll
+            for (int i = 0; i < VPT; ++i) {
+                const long long v = t + (long long)(c * VPT + i) * G;
+                if (v >= nvec) continue;
+                float xv[VEC], dyv[VEC];
+                Vec<T, VEC>::load(x + row * D + v * VEC, xv);
+                Vec<T, VEC>::load(dy + row * D + v * VEC, dyv);
+                #pragma unroll
+                for (int k = 0; k < VEC; ++k) {
+                    const int e = i * VEC + k;
+                    const float xhat = ((xv[k] - mu_hi) - mu_lo) * rs;
+                    const float g = gam[e] * dyv[k];
+                    xv[k] = ((g - m.x) - xhat * m.y) * rs;
+                    dgamma_acc[e] += dyv[k] * xhat;
+                    dbeta_acc[e] += dyv[k];
+                }
+                Vec<T, VEC>::store(dx + row * D + v * VEC, xv);
             }
-            Vec<T, VEC>::store(dx + row * D + v * VEC, xv);
-            Vec<float, VEC>::store(dgamma_row + v * VEC, dgam);
-            Vec<float, VEC>::store(dbeta_row + v * VEC, dbet);
-        });
+        } while (++r < strip);
+        // The chunk's column sums over the strip: its part of the block's row
+        // of the (row_groups, D) buffers, written once.
+        #pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const long long v = t + (long long)(c * VPT + i) * G;
+            if (v < nvec) {
+                Vec<float, VEC>::store(dgamma_part + group * D + v * VEC,
+                                       &dgamma_acc[i * VEC]);
+                Vec<float, VEC>::store(dbeta_part + group * D + v * VEC,
+                                       &dbeta_acc[i * VEC]);
+            }
+        }
     }
 }
 

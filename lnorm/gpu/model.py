@@ -19,12 +19,14 @@ term is the bytes; the second is what a design that keeps the next row's
 loads in flight (prefetch, ``rows_in_flight=2``) would hide.
 
 Rows longer than a block holds in registers (``D > max_D()``) are taken in
-``chunks`` and read again for every pass: four passes over ``x`` in the
-forward, two over ``x`` and ``dy`` in the backward, whose strip sums also go
-through the block's partial rows (read and written once per row, 16 bytes
-per element). Each chunk of each pass exposes a latency. While the rows and
-partial rows of the blocks in flight fit in L2, the re-reads come from L2 at
-its latency and cost no DRAM bytes; beyond, they are DRAM traffic.
+``chunks`` and read again for every pass. The forward makes four passes over
+a row of ``x``: while the rows (in and out) of the blocks in flight fit in
+L2, its re-reads come from L2 at L2 latency and cost no DRAM bytes; beyond,
+they are DRAM traffic. The backward reads a strip's ``x`` and ``dy`` twice,
+the second time after the whole strip (megabytes): always DRAM traffic.
+Each chunk of each pass exposes a latency. For these rows the model is
+optimistic: it charges nothing for L2 traffic, and one latency per chunk
+although a thread does not keep a whole chunk of loads in flight.
 
 Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
 chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
@@ -120,7 +122,7 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: Used when ptxas is not installed.
 #: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
 #: ``"fwd_long"``, ``"bwd_long"``: those of longer rows.
-REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 61}
+REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93}
 
 
 def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> int:
@@ -325,18 +327,16 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
     latency = device.latency / rows_in_flight
     past_l2 = 0  # bytes of re-reads that L2 does not hold
-    if p.chunks > 1:  # the long-row kernels: passes over the row, in chunks
-        passes, streams = (4, 1) if direction == "forward" else (2, 2)
-        row_bytes = streams * D * itemsize
-        reread = (passes - 1) * row_bytes
-        working = row_bytes
-        if direction == "backward":
-            reread += 16 * D  # the partial rows of dgamma and dbeta, read and written
-            working += 8 * D
-        in_l2 = concurrent * working <= device.l2_bytes
-        past_l2 = 0 if in_l2 else rows * reread
-        latency = p.chunks * (latency + (passes - 1)
-                              * (device.l2_latency if in_l2 else device.latency))
+    if p.chunks > 1 and direction == "forward":  # four passes over each row
+        row_bytes = D * itemsize
+        # x and y rows of the blocks in flight, and gamma and beta
+        in_l2 = (2 * concurrent + 2) * row_bytes <= device.l2_bytes
+        past_l2 = 0 if in_l2 else rows * 3 * row_bytes
+        latency = p.chunks * (latency + 3 * (device.l2_latency if in_l2
+                                             else device.latency))
+    elif p.chunks > 1:  # the backward: x and dy of a whole strip, twice
+        past_l2 = rows * 2 * D * itemsize
+        latency = 2 * p.chunks * latency
     extra += past_l2
     b_row = (must + past_l2) / max(rows, 1)
     # The forward makes three row sums per row (mean_hi, mean_lo, variance), the
