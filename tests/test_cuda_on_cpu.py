@@ -83,6 +83,11 @@ def run_both(host, inp: dict) -> tuple[dict, dict]:
     return check.forward_backward(host.forward, host.backward, inp), want
 
 
+#: v3, the backward with atomics: (rows, D) of every mapping and load width,
+#: several row groups each (strips of 16 rows), a short last strip.
+ATOMIC_SHAPES = ((70, 7), (37, 512), (35, 1027), (33, 2048))
+
+
 def test_shapes_reach_every_kernel_variant():
     names = {n for f in kernels.KERNEL_FILES for n in kernels.kernel_params(f)}
     reached = {
@@ -90,8 +95,32 @@ def test_shapes_reach_every_kernel_variant():
         for rows, D in SHAPES
         for dt in (F32, F16)
         for direction in ("forward", "backward")
+    } | {
+        kernels.plan(rows, D, dt).kernel("backward", atomics=True)
+        for rows, D in ATOMIC_SHAPES
+        for dt in (F32, F16)
     }
     assert reached | {"ln_bwd_reduce_params"} == names
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+@pytest.mark.parametrize("rows, D", ATOMIC_SHAPES)
+def test_atomic_backward_v3(host, rows, D, dtype):
+    """v3's dx has v4's bits; its dgamma and dbeta are v4's sums in another order,
+    within the bound for any two orders. Where a block is one row group, groups
+    add one at a time in launch order here, and the bits are those of that order."""
+    inp = check.make_inputs(rows, D, dtype, seed=rows)
+    p = kernels.plan(rows, D, dtype)
+    assert p.row_groups >= 3
+    r = check.atomic_check(host.backward, inp)
+    assert r["dx_equal"] and r["within"], r
+    if p.per_block:
+        got, want = run_both(host, inp)
+        stats = [want[k] for k in ("mean_hi", "mean_lo", "rstd")]
+        args = (inp["dy"], inp["x"], inp["gamma"], *stats)
+        v3 = host.backward(*args, atomics=True)
+        in_order = emulate.backward(*args, atomics=True)
+        assert all(a.tobytes() == b.tobytes() for a, b in zip(v3, in_order))
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
@@ -247,6 +276,20 @@ def test_control_long_row_missing_barrier_is_a_data_race(host, tmp_path):
 
     rc, out = run_control(tmp_path, kernels.LONG_FILE, drop_barrier, (2, 8200), "tsan")
     assert rc != 0 and RACE in out and "layernorm_backward_long" in out, out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_plain_add_in_v3_is_a_data_race(host, tmp_path):
+    """v3 with a plain += where it has atomicAdd: the warps of a block, three
+    row groups at (40, 7), add into the same dgamma words at once."""
+
+    def plain_add(text):
+        return text.replace(
+            "atomicAdd(dgamma_part + v * VEC + c, dgamma_acc[i * VEC + c]);",
+            "dgamma_part[v * VEC + c] += dgamma_acc[i * VEC + c];", 1)
+
+    rc, out = run_control(tmp_path, "layernorm_backward.cu", plain_add, (40, 7), "tsan")
+    assert rc != 0 and RACE in out and "layernorm_backward" in out, out[-4000:]
 
 
 @pytest.mark.slow

@@ -25,6 +25,7 @@ C = kernels.constants()
 E = C["LN_ELEMS_PER_THREAD"]
 ALL_KERNELS = {name for f in kernels.KERNEL_FILES for name in kernels.kernel_params(f)}
 MAIN = re.compile(r"ln_(fwd|bwd)_(warp|block)_(f32|f16)_v(\d)")
+ATOMIC = re.compile(r"ln_bwd_atomic_(warp|block)_(f32|f16)_v(\d)")
 LONG = re.compile(r"ln_(fwd|bwd)_long_(f32|f16)_v(\d)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
@@ -315,19 +316,37 @@ def compiled(request):
 
 def test_every_kernel_compiles(compiled):
     _, reports, _ = compiled
-    assert len(ALL_KERNELS) == 25
+    assert len(ALL_KERNELS) == 33
     assert set(reports) == ALL_KERNELS
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
 
 
 def test_no_local_memory_and_no_atomics(compiled):
+    """No atomic instruction outside the ladder's v3, which is atomic by design."""
     _, reports, _ = compiled
     for name, r in reports.items():
         assert (
             r.local_bytes == 0 and r.count("ld.local") == 0 and r.count("st.local") == 0
         ), name
-        assert r.count("atom") == 0 and r.count("red.") == 0, name
+        if not ATOMIC.fullmatch(name):
+            assert r.count("atom") == 0 and r.count("red.") == 0, name
+
+
+def test_atomic_backward_is_v4_with_one_atomic_add_per_column(compiled):
+    """v3: v4's loads and dx stores; instead of the partial rows, one float32
+    atomicAdd per column a thread holds, into dgamma and into dbeta."""
+    _, reports, _ = compiled
+    atomic = {n: r for n, r in reports.items() if ATOMIC.fullmatch(n)}
+    assert len(atomic) == 8
+    for name, r in atomic.items():
+        v4 = reports[name.replace("_atomic", "")]
+        for in_loop in (True, False):
+            assert r.per_argument("ld", in_loop=in_loop) == v4.per_argument(
+                "ld", in_loop=in_loop), name
+        assert r.per_argument("st") == {"dx": v4.per_argument("st")["dx"]}, name
+        assert r.count("atom.global.add.f32") == r.count("atom") == 2 * E, name
+        assert r.count("red.") == 0 and r.count("bar.sync") == v4.count("bar.sync")
 
 
 def test_arithmetic_rounds_like_the_emulation(compiled):
@@ -597,6 +616,43 @@ def test_emulation_keeps_leading_dimensions_and_zero_rows():
     assert dx.shape == (0, 20) and not dgamma.any() and not dbeta.any()
 
 
+def test_v3_order_of_the_atomics():
+    """Any finishing order of the row groups stays within order_bound of v4's
+    fixed order; some orders change the bits; a wrong sum is caught."""
+    inp = check.make_inputs(300, 64, "float32", seed=5)
+    stats = emulate.forward(inp["x"], inp["gamma"], inp["beta"])[1:]
+    args = (inp["dy"], inp["x"], inp["gamma"], *stats)
+    v4 = emulate.backward(*args)
+    part = emulate.column_partials(inp["dy"], inp["x"], *stats)[0]
+    bound = check.order_bound(part)
+    rng = np.random.default_rng(0)
+    differ = 0
+    for _ in range(20):
+        order = rng.permutation(part.shape[0])
+        got = emulate.backward(*args, atomics=True, order=order)[1]
+        assert (np.abs(got.astype(np.float64) - v4[1]) <= bound).all()
+        differ += got.tobytes() != v4[1].tobytes()
+    assert differ > 0
+    assert check.atomic_check(emulate.backward, inp)["within"]
+
+    def off_by_bound(*a, atomics):
+        dx, dgamma, dbeta = emulate.backward(*a, atomics=atomics)
+        return dx, dgamma + np.float32(2 * bound.max()), dbeta
+
+    r = check.atomic_check(off_by_bound, inp)
+    assert r["dx_equal"] and not r["within"] and r["gap"] > r["bound"]
+    with pytest.raises(ValueError, match="permutation"):
+        emulate.add_in_order(part, [0, 0, *range(2, part.shape[0])])
+
+
+def test_atomic_kernel_name():
+    assert kernels.plan(33, 2048, "float16").kernel("backward", atomics=True) == (
+        "ln_bwd_atomic_block_f16_v8")
+    for direction, D in (("forward", 64), ("backward", 12288)):
+        with pytest.raises(ValueError, match="atomic backward only"):
+            kernels.plan(4, D, "float32").kernel(direction, atomics=True)
+
+
 # --- on a GPU -------------------------------------------------------------------------
 
 
@@ -620,6 +676,14 @@ def test_kernels_match_lnorm_and_the_emulation_bit_for_bit(fused, rows, D, dtype
     assert set(want) == set(got)
     for name in want:
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("rows, D", [(5000, 64), (300, 512), (100, 1027), (8192, 4096)])
+def test_atomic_backward_v3_on_the_gpu(fused, rows, D, dtype):
+    r = check.atomic_check(fused.backward, check.make_inputs(rows, D, dtype, seed=D))
+    assert r["dx_equal"] and r["within"], r
 
 
 @needs_gpu
@@ -841,8 +905,33 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert reduce_named["dgamma_part"] is named["dgamma_part"]
         assert reduce_named["dgamma"] is dgamma and reduce_named["dbeta"] is dbeta
 
+        if p.chunks > 1:  # no v3 for long rows
+            continue
+        launches.clear()
+        dx, dgamma, dbeta = fused.backward(
+            inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, atomics=True
+        )
+        ((name, grid, block, args),) = launches  # one launch, into dgamma itself
+        assert name == p.kernel("backward", atomics=True) and grid == (p.backward_grid,)
+        named = dict(zip(params[name], args))
+        assert named["dx"] is dx and named["dgamma"] is dgamma
+        assert named["dbeta"] is dbeta and named["row_groups"] == p.row_groups
+        assert not dgamma.any() and not dbeta.any()  # zeros before the launch
+
 
 # --- the time model ------------------------------------------------------------------
+
+
+def test_model_of_v3_drops_the_partials_and_the_second_stage():
+    v4 = model.predict("backward", 8192, 4096, "float16")
+    v3 = model.predict("backward", 8192, 4096, "float16", atomics=True)
+    p = kernels.plan(8192, 4096, "float16")
+    assert v4.bytes_moved - v3.bytes_moved == p.partials_bytes and v3.bytes == v4.bytes
+    # v3's first kernel moves less; the second stage (a launch, a latency) is gone
+    assert v3.time < v4.time - model.H100.launch_overhead - model.H100.latency
+    for direction, D in (("forward", 4096), ("backward", 12288)):
+        with pytest.raises(ValueError, match="atomics=True"):
+            model.predict(direction, 8192, D, "float32", atomics=True)
 
 
 def test_occupancy_follows_the_register_file():

@@ -30,7 +30,7 @@ from .kernels import LaunchPlan, plan
 
 __all__ = [
     "SHAPES", "make_inputs", "forward_backward", "reference", "relative_errors",
-    "summation_depth", "error_bounds", "offset_errors",
+    "summation_depth", "error_bounds", "order_bound", "atomic_check", "offset_errors",
 ]
 
 #: ``(rows, D)`` at which the book and the tests check the kernels — between
@@ -302,6 +302,92 @@ def error_bounds(D: int) -> dict[str, float]:
     u = float(np.finfo(np.float32).eps) / 2
     return {"y": (1.5 * k + 8) * u, "dx": (2 * k + 12) * u, "depth": k}
 
+
+def order_bound(part: np.ndarray) -> np.ndarray:
+    r"""Bound how far two float32 sums of the same terms in two orders can differ.
+
+    Adding ``n`` terms in sequence into zero rounds ``n - 1`` times, so in any
+    order the float32 sum is within ``gamma_{n-1} sum_p |part_p|`` of the exact
+    one, with ``gamma_m = m u / (1 - m u)`` and ``u = 2**-24`` (Higham,
+    *Accuracy and Stability of Numerical Algorithms*, section 4.2). Two orders
+    are within twice that of each other: how far v3's dgamma (atomics, any
+    order) can be from v4's (a fixed order).
+
+    Parameters
+    ----------
+    part : ndarray, shape (n, D)
+        The terms, one row each: the row groups' partial sums.
+
+    Returns
+    -------
+    ndarray, float64, shape (D,)
+        ``2 gamma_{n-1} sum_p |part[p]|``, per column.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.add_in_order : One order of the sum.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.emulate import add_in_order
+    >>> part = np.array([[1.0], [1.0], [2.0**24]], np.float32)
+    >>> gap = abs(float(add_in_order(part)[0] - add_in_order(part, [2, 0, 1])[0]))
+    >>> gap, bool(gap <= order_bound(part)[0])
+    (2.0, True)
+    """
+    part = np.asarray(part, dtype=np.float64)
+    mu = max(part.shape[0] - 1, 0) * float(np.finfo(np.float32).eps) / 2
+    return 2 * mu / (1 - mu) * np.abs(part).sum(axis=0)
+
+def atomic_check(backward, inp: dict) -> dict:
+    r"""Check the ladder's v3 (atomics) against v4's emulation.
+
+    v3 changes only the order in which the row groups' column sums are added,
+    so its ``dx`` must equal v4's bit for bit, and its ``dgamma`` and
+    ``dbeta`` must lie within :func:`lnorm.gpu.check.order_bound` of v4's.
+
+    Parameters
+    ----------
+    backward : callable
+        ``backward(dy, x, gamma, mean_hi, mean_lo, rstd, atomics=True)``: the
+        kernels on a GPU, on the CPU (:mod:`lnorm.gpu.host`), or the emulation.
+    inp : dict
+        From :func:`lnorm.gpu.check.make_inputs`.
+
+    Returns
+    -------
+    dict
+        ``dx_equal`` (bool), ``gap`` and ``bound`` (the largest ``|v3 - v4|``
+        of ``dgamma`` and ``dbeta`` over the columns, and the bound at that
+        column) and ``within`` (bool: every column within its bound).
+
+    See Also
+    --------
+    lnorm.gpu.emulate.add_in_order : v3's sum, for one order.
+
+    Examples
+    --------
+    >>> from lnorm.gpu import emulate
+    >>> r = atomic_check(emulate.backward, make_inputs(40, 64, "float32"))
+    >>> r["dx_equal"], r["within"], r["gap"] <= r["bound"]
+    (True, True, True)
+    """
+    from . import emulate
+
+    stats = emulate.forward(inp["x"], inp["gamma"], inp["beta"])[1:]
+    args = (inp["dy"], inp["x"], inp["gamma"], *stats)
+    v4 = emulate.backward(*args)
+    v3 = [_host(a) for a in backward(*args, atomics=True)]
+    parts = emulate.column_partials(inp["dy"], inp["x"], *stats)
+    within, worst = True, (0.0, 0.0)
+    for got, want, part in zip(v3[1:], v4[1:], parts):
+        gap = np.abs(got.astype(np.float64) - want)
+        bound = order_bound(part)
+        within &= bool((gap <= bound).all())
+        j = int(np.argmax(gap))
+        worst = max(worst, (float(gap[j]), float(bound[j])))
+    return {"dx_equal": v3[0].tobytes() == v4[0].tobytes(), "gap": worst[0],
+            "bound": worst[1], "within": within}
 
 def offset_errors(forward, backward, D: int, offset: float, dy_offset: float = 0.0,
                   rows: int = 16, seed: int = 0) -> dict[str, float]:

@@ -27,9 +27,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .kernels import LaunchPlan, check_backward_args, check_forward_args, constants
+from .kernels import (
+    LaunchPlan,
+    check_backward_args,
+    check_forward_args,
+    constants,
+    plan,
+)
 
-__all__ = ["forward", "backward", "row_sum", "strip_sums", "reduce_partials"]
+__all__ = ["forward", "backward", "row_sum", "strip_sums", "reduce_partials",
+           "column_partials", "add_in_order"]
 
 F32 = np.float32
 
@@ -234,9 +241,97 @@ def reduce_partials(part: np.ndarray) -> np.ndarray:
     return total
 
 
+def _terms(p: LaunchPlan, dy, x, mean_hi, mean_lo, rstd):
+    """dy, xhat = ((x - mean_hi) - mean_lo) * rstd and rstd, float32, as rows."""
+    x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
+    dy32 = np.asarray(dy, dtype=F32).reshape(p.rows, p.D)
+    hi, lo, rs = (np.asarray(a, F32).reshape(p.rows, 1)
+                  for a in (mean_hi, mean_lo, rstd))
+    return dy32, ((x32 - hi) - lo) * rs, rs
+
+
+def column_partials(dy, x, mean_hi, mean_lo, rstd) -> tuple[np.ndarray, np.ndarray]:
+    r"""Return the row groups' column sums of ``dy * xhat`` and ``dy`` (v3 and v4).
+
+    Parameters
+    ----------
+    dy, x : ndarray, shape (..., D), float32 or float16, one dtype
+        The upstream gradient and the forward's input.
+    mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
+        As :func:`lnorm.gpu.emulate.forward` returns them.
+
+    Returns
+    -------
+    dgamma_part, dbeta_part : ndarray, float32, shape (row_groups, D)
+        :func:`lnorm.gpu.emulate.strip_sums` of the two terms.
+
+    See Also
+    --------
+    lnorm.gpu.check.order_bound : How far two orders of their sum can differ.
+
+    Examples
+    --------
+    >>> x = np.arange(40 * 4, dtype=np.float32).reshape(40, 4)
+    >>> _, hi, lo, rstd = forward(x, np.ones(4, np.float32), np.zeros(4, np.float32))
+    >>> dgamma_part, dbeta_part = column_partials(np.ones_like(x), x, hi, lo, rstd)
+    >>> dbeta_part[:, 0].tolist()  # strips of 16, 16 and 8 rows
+    [16.0, 16.0, 8.0]
+    """
+    p = plan(int(np.prod(np.shape(x)[:-1])), np.shape(x)[-1], np.asarray(x).dtype)
+    dy32, xhat, _ = _terms(p, dy, x, mean_hi, mean_lo, rstd)
+    return strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
+
+
+def add_in_order(part: np.ndarray, order=None) -> np.ndarray:
+    r"""Add the partial sums into zeros one row at a time, as v3's atomics do.
+
+    The ladder's v3 (``ln_bwd_atomic_*``) adds each row group's column sums
+    into ``dgamma`` with ``atomicAdd`` when the group finishes. The order
+    changes from run to run on a GPU; this is the sum for one order.
+
+    Parameters
+    ----------
+    part : ndarray, float32, shape (row_groups, D)
+        What :func:`lnorm.gpu.emulate.strip_sums` returns.
+    order : sequence of int, optional
+        The order the groups finish in, a permutation of
+        ``range(row_groups)``; default: in index order.
+
+    Returns
+    -------
+    ndarray, float32, shape (D,)
+        ``0 + part[order[0]] + part[order[1]] + ...``, rounded after every
+        addition.
+
+    Raises
+    ------
+    ValueError
+        If ``order`` is not a permutation of the row groups.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.reduce_partials : v4's fixed order.
+
+    Examples
+    --------
+    >>> part = np.array([[1.0], [1.0], [2.0**24]], np.float32)
+    >>> add_in_order(part).tolist(), add_in_order(part, [2, 0, 1]).tolist()
+    ([16777218.0], [16777216.0])
+    """
+    order = range(part.shape[0]) if order is None else list(order)
+    if sorted(order) != list(range(part.shape[0])):
+        raise ValueError(
+            f"order must be a permutation of range({part.shape[0]}); got {order!r}."
+        )
+    total = np.zeros(part.shape[1], dtype=F32)
+    for r in order:
+        total += part[r]
+    return total
+
+
 def backward(
     dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, mean_hi: np.ndarray,
-    mean_lo: np.ndarray, rstd: np.ndarray,
+    mean_lo: np.ndarray, rstd: np.ndarray, *, atomics: bool = False, order=None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Emulate the fused backward kernel and the dgamma/dbeta reduction.
 
@@ -244,7 +339,8 @@ def backward(
     ``dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd`` with the row means
     summed in the kernel's order; ``dgamma = sum(dy * xhat)`` and
     ``dbeta = sum(dy)`` over rows, by strips (:func:`strip_sums`) and then
-    over strips (:func:`reduce_partials`).
+    over strips (:func:`reduce_partials`), or, for v3 (``atomics=True``),
+    added into zeros in the order the groups finish (:func:`add_in_order`).
 
     Parameters
     ----------
@@ -254,6 +350,11 @@ def backward(
         The scale.
     mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
         As :func:`lnorm.gpu.emulate.forward` returns them.
+    atomics : bool, default False
+        Emulate v3, the backward with atomics (``dx`` is the same).
+    order : sequence of int, optional
+        With ``atomics``: the order the row groups finish in (default: index
+        order, as the CPU-run kernels of one group per block add).
 
     Returns
     -------
@@ -283,17 +384,15 @@ def backward(
     (0.0, [2.0, 2.0, 2.0, 2.0])
     """
     p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd)
-    x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
-    dy32 = np.asarray(dy, dtype=F32).reshape(p.rows, p.D)
-    hi = np.asarray(mean_hi, F32).reshape(p.rows, 1)
-    lo = np.asarray(mean_lo, F32).reshape(p.rows, 1)
-    rs = np.asarray(rstd, F32).reshape(p.rows, 1)
-    xhat = ((x32 - hi) - lo) * rs
+    dy32, xhat, rs = _terms(p, dy, x, mean_hi, mean_lo, rstd)
     g = np.asarray(gamma, F32) * dy32
     D = F32(p.D)
     mean_g = (row_sum(g, p) / D)[:, None]
     mean_gxhat = (row_sum(g * xhat, p) / D)[:, None]
     dx = ((g - mean_g) - xhat * mean_gxhat) * rs
-    dgamma = reduce_partials(strip_sums(dy32 * xhat, p))
-    dbeta = reduce_partials(strip_sums(dy32, p))
+    parts = strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
+    if atomics:
+        dgamma, dbeta = (add_in_order(part, order) for part in parts)
+    else:
+        dgamma, dbeta = (reduce_partials(part) for part in parts)
     return dx.astype(x.dtype).reshape(x.shape), dgamma, dbeta

@@ -49,6 +49,7 @@ from .kernels import (
     check_forward_args,
     constants,
     kernel_params,
+    max_D,
 )
 
 __all__ = ["HEADER", "SANITIZE", "available", "build", "HostLayerNorm", "sanitizer_env",
@@ -439,10 +440,11 @@ class HostLayerNorm:
                         (*ins, *outs, np.int32(p.rows), np.int32(p.D), np.float32(eps)))
             return tuple(o.copy() for o in outs)
 
-    def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
+    def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
+                 atomics: bool = False) -> tuple:
         r"""Run the fused backward and the dgamma/dbeta reduction on the CPU.
 
-        The two launches of :meth:`lnorm.gpu.run.FusedLayerNorm.backward`, on
+        The launches of :meth:`lnorm.gpu.run.FusedLayerNorm.backward`, on
         the CPU.
 
         Parameters
@@ -453,6 +455,10 @@ class HostLayerNorm:
             The scale.
         mean_hi, mean_lo, rstd : array_like, float32, shape ``x.shape[:-1]``
             As :meth:`lnorm.gpu.host.HostLayerNorm.forward` returns them.
+        atomics : bool, default False
+            Run the ladder's v3, one kernel that adds every group's column
+            sums into dgamma and dbeta with atomicAdd (here blocks run one at
+            a time, so they add in launch order).
 
         Returns
         -------
@@ -491,6 +497,13 @@ class HostLayerNorm:
         with self.buffers() as new:
             ins = [new(a.shape, a.dtype, a) for a in arrays]
             dx = new(arrays[1].shape, arrays[1].dtype)
+            if atomics:
+                params = [new((p.D,), np.float32, 0.0) for _ in range(2)]
+                self.launch(p.kernel("backward", atomics=True), (p.backward_grid,),
+                            (p.block,),
+                            (*ins, dx, *params, np.int32(p.rows), np.int32(p.D),
+                             np.int32(p.rows_per_group), np.int32(p.row_groups)))
+                return dx.copy(), params[0].copy(), params[1].copy()
             parts = [new((p.row_groups, p.D), np.float32) for _ in range(2)]
             params = [new((p.D,), np.float32) for _ in range(2)]
             self.launch(p.kernel("backward"), (p.backward_grid,), (p.block,),
@@ -607,7 +620,8 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
     r"""Assert that the CPU-run kernels equal :mod:`lnorm.gpu.emulate` bit for bit.
 
     Every output of the forward and the backward, at every shape and dtype;
-    prints one line when all are equal.
+    and v3 (the backward with atomics) where it exists: its ``dx`` bit for
+    bit, its ``dgamma`` and ``dbeta`` to 1e-5. Prints one line when all hold.
 
     Parameters
     ----------
@@ -657,6 +671,14 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
                 np.testing.assert_array_equal(
                     got[k].view(bits), w.view(bits),
                     err_msg=f"{k}, rows={rows}, D={D}, {dtype}")
+            if D <= max_D():  # v3, the atomics: dx the same, dgamma nearly
+                dx, dgamma, dbeta = host.backward(
+                    inp["dy"], inp["x"], inp["gamma"],
+                    *(want[k] for k in ("mean_hi", "mean_lo", "rstd")), atomics=True)
+                np.testing.assert_array_equal(dx, want["dx"], err_msg=f"v3 dx, {D}")
+                for k, a in (("dgamma", dgamma), ("dbeta", dbeta)):
+                    np.testing.assert_allclose(a, want[k], rtol=1e-5, atol=1e-5,
+                                               err_msg=f"v3 {k}, rows={rows}, D={D}")
     print(f"selftest passed: {shapes} x {dtypes}, flags {list(flags)}")
 
 

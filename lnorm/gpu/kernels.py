@@ -209,7 +209,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (9, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (17, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -492,15 +492,19 @@ class LaunchPlan:
         """
         return self.chunks * constants()["LN_ELEMS_PER_THREAD"] // self.vec
 
-    def kernel(self, direction: str) -> str:
+    def kernel(self, direction: str, atomics: bool = False) -> str:
         r"""Return the name of the forward or backward kernel this plan launches.
 
-        The name is ``ln_{fwd|bwd}_{warp|block|long}_{f32|f16}_v{vec}``.
+        The name is ``ln_{fwd|bwd}_{warp|block|long}_{f32|f16}_v{vec}``, or
+        ``ln_bwd_atomic_{warp|block}_...`` for the ladder's v3, the backward
+        that adds its column sums into dgamma and dbeta with atomics.
 
         Parameters
         ----------
         direction : {"forward", "backward"}
             Which pass.
+        atomics : bool, default False
+            The v3 backward (not deterministic) instead of the v4 one.
 
         Returns
         -------
@@ -510,7 +514,9 @@ class LaunchPlan:
         Raises
         ------
         ValueError
-            If ``direction`` is neither ``"forward"`` nor ``"backward"``.
+            If ``direction`` is neither ``"forward"`` nor ``"backward"``, or
+            ``atomics`` is asked of the forward or of a row longer than
+            :func:`lnorm.gpu.kernels.max_D` (there is no such kernel).
 
         See Also
         --------
@@ -524,6 +530,8 @@ class LaunchPlan:
         'ln_fwd_block_f16_v8'
         >>> plan(24, 12288, "float16").kernel("backward")
         'ln_bwd_long_f16_v8'
+        >>> plan(64, 7, "float32").kernel("backward", atomics=True)
+        'ln_bwd_atomic_warp_f32_v1'
         """
         if direction not in ("forward", "backward"):
             raise ValueError(
@@ -531,6 +539,14 @@ class LaunchPlan:
             )
         kind = "fwd" if direction == "forward" else "bwd"
         mapping = "long" if self.chunks > 1 else "block" if self.per_block else "warp"
+        if atomics:
+            if direction != "backward" or self.chunks > 1:
+                raise ValueError(
+                    "atomics=True: there is an atomic backward only, for rows of "
+                    f"at most max_D() = {max_D()}; got the {direction} at "
+                    f"D = {self.D}."
+                )
+            kind = "bwd_atomic"
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 
 

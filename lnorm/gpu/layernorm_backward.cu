@@ -12,9 +12,15 @@
 // Kernel 2 (ln_bwd_reduce_params) sums that buffer over the row groups in a
 // fixed order. No atomics: every sum has one order, so every run gives the
 // same bits.
+//
+// The ladder's v3 (ln_bwd_atomic_*) is the same kernel 1 with ATOMIC set:
+// each group adds its column sums straight into dgamma and dbeta with
+// atomicAdd, and there is no kernel 2. One launch, no partial buffers, but
+// the groups add in the order they finish, which changes from run to run,
+// and so do the last bits of dgamma and dbeta (dx is unchanged).
 #include "layernorm_common.cu"
 
-template <typename T, int VEC, bool PER_BLOCK>
+template <typename T, int VEC, bool PER_BLOCK, bool ATOMIC = false>
 __device__ __forceinline__ void layernorm_backward(
     const T* __restrict__ dy, const T* __restrict__ x,
     const T* __restrict__ gamma, const float* __restrict__ mean_hi,
@@ -98,6 +104,20 @@ __device__ __forceinline__ void layernorm_backward(
         }
     }
 
+    if constexpr (ATOMIC) {  // v3: dgamma_part, dbeta_part are dgamma, dbeta
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int v = t + i * G;
+            if (v < nvec) {
+#pragma unroll
+                for (int c = 0; c < VEC; ++c) {
+                    atomicAdd(dgamma_part + v * VEC + c, dgamma_acc[i * VEC + c]);
+                    atomicAdd(dbeta_part + v * VEC + c, dbeta_acc[i * VEC + c]);
+                }
+            }
+        }
+        return;
+    }
     // Step 4: the strip's column sums, one row of the (row_groups, D)
     // buffers. Every group writes its row, an empty strip included (zeros).
     float* dgamma_row = dgamma_part + group * D;
@@ -131,6 +151,27 @@ __device__ __forceinline__ void layernorm_backward(
     }
 
 LN_VARIANTS(LN_BACKWARD_KERNEL)
+
+// v3: one per variant, named ln_bwd_atomic_<suffix>; dgamma and dbeta, shape
+// (D,), must hold zeros before the launch.
+#define LN_BACKWARD_ATOMIC_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)    \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_bwd_atomic_##SUFFIX(const T* __restrict__ dy,                         \
+                           const T* __restrict__ x,                          \
+                           const T* __restrict__ gamma,                      \
+                           const float* __restrict__ mean_hi,                \
+                           const float* __restrict__ mean_lo,                \
+                           const float* __restrict__ rstd,                   \
+                           T* __restrict__ dx, float* __restrict__ dgamma,   \
+                           float* __restrict__ dbeta,                        \
+                           int rows, int D, int rows_per_group,              \
+                           int row_groups) {                                 \
+        layernorm_backward<T, VEC, PER_BLOCK, true>(                         \
+            dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma, dbeta,         \
+            rows, D, rows_per_group, row_groups);                            \
+    }
+
+LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 
 // Second kernel: dgamma[j] = sum over p of dgamma_part[p, j] (dbeta alike).
 // A block is 32 columns x LN_REDUCE_SLICES threads: thread (j, s) sums rows

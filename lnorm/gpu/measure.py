@@ -36,9 +36,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import hashlib
 import json
 import platform
+import re
 import sys
 from pathlib import Path
 
@@ -46,12 +48,13 @@ import numpy as np
 
 from ..cost import traffic
 from . import check, emulate
-from .kernels import KERNEL_FILES, plan, source
+from .kernels import KERNEL_FILES, REGISTER_FILES, compile_ptx, max_D, plan, source
+from .ptx import entries
 
 __all__ = [
-    "SHAPES", "DTYPES", "L2_FLUSH_BELOW", "COPY_BYTES", "source_digest",
-    "plan_launches", "dry_run", "copy_yardstick", "bit_checks", "offset_sweep",
-    "time_rungs", "large_rows_check", "launch_only", "measure", "main",
+    "SHAPES", "DTYPES", "L2_FLUSH_BELOW", "COPY_BYTES", "source_digest", "ptx_digests",
+    "kernels_measured", "plan_launches", "dry_run", "copy_yardstick", "bit_checks",
+    "offset_sweep", "time_rungs", "large_rows_check", "launch_only", "measure", "main",
 ]
 
 #: The timed shapes — 8192 rows of the widths of common transformers.
@@ -165,11 +168,108 @@ def source_digest(files=KERNEL_FILES) -> str:
     return h.hexdigest()
 
 
+def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90") -> dict[str, str]:
+    r"""Hash the PTX of every kernel, one digest per kernel: what the GPU ran.
+
+    A source edit that leaves a kernel's compiled code alone (a comment, a
+    kernel added beside it) changes :func:`lnorm.gpu.measure.source_digest` but
+    not this digest, so a measurement stays attributed to the kernels it timed.
+    Branch labels, which NVRTC numbers by the kernel's place in its file, are
+    renumbered first. Needs only NVRTC (no GPU); its version is pinned in
+    ``requirements.txt``, and another version may print other PTX for the
+    same source.
+
+    Parameters
+    ----------
+    files : sequence of str, default KERNEL_FILES
+        Kernel files to compile.
+    arch : str, default "sm_90"
+        The architecture the PTX is generated for.
+
+    Returns
+    -------
+    dict of str to str
+        ``{kernel name: SHA-256 hex digest of its PTX entry}``.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.entries : Splits PTX into its entries.
+    lnorm.gpu.measure.source_digest : The digest of the sources.
+
+    Examples
+    --------
+    >>> digests = ptx_digests(["layernorm_backward.cu"])
+    >>> len(digests["ln_bwd_block_f32_v4"]), "ln_bwd_reduce_params" in digests
+    (64, True)
+    """
+    out = {}
+    for filename in files:
+        for name, text in entries(compile_ptx(filename, arch)).items():
+            # Branch labels are numbered by the kernel's place in the module.
+            text = re.sub(r"\$L__BB\d+_", "$L__BB_", text)
+            out[name] = hashlib.sha256(text.encode()).hexdigest()
+    return out
+
+
+
+def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
+    r"""Say whether a measurement timed the kernels of this build.
+
+    Parameters
+    ----------
+    data : dict
+        A measurement (the JSON of :func:`lnorm.gpu.measure.measure`): its
+        ``source_sha256`` over ``source_files`` and, in newer files,
+        ``ptx_sha256``.
+    ptx_record : dict, optional
+        For an older file without ``ptx_sha256``: ``{"source_sha256": ...,
+        "ptx_sha256": {...}}``, the PTX digests computed later from the
+        sources whose digest the measurement recorded
+        (``book/data/gpu/ptx/<same name>.json``).
+
+    Returns
+    -------
+    str
+        ``"sources"`` if the sources are those measured; ``"ptx"`` if they
+        changed but every kernel measured compiles to the PTX it had;
+        ``"changed"`` otherwise.
+
+    See Also
+    --------
+    lnorm.gpu.measure.source_digest, lnorm.gpu.measure.ptx_digests : The two digests.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.kernels import REGISTER_FILES
+    >>> files = list(REGISTER_FILES)
+    >>> kernels_measured({"source_sha256": source_digest(files), "source_files": files})
+    'sources'
+    >>> old = {"source_sha256": "0" * 64, "source_files": files}
+    >>> kernels_measured(old)
+    'changed'
+    >>> now = ptx_digests(files)
+    >>> kernels_measured(old, {"source_sha256": "0" * 64, "ptx_sha256": now})
+    'ptx'
+    """
+    files = data.get("source_files", REGISTER_FILES)
+    if data["source_sha256"] == source_digest(files):
+        return "sources"
+    recorded = data.get("ptx_sha256")
+    if recorded is None and ptx_record is not None:
+        if ptx_record.get("source_sha256") == data["source_sha256"]:
+            recorded = ptx_record["ptx_sha256"]
+    if recorded:
+        now = ptx_digests(files)
+        if all(now.get(name) == digest for name, digest in recorded.items()):
+            return "ptx"
+    return "changed"
+
 def _header() -> dict:
     return {
         "date": datetime.date.today().isoformat(),
         "source_sha256": source_digest(),
         "source_files": list(KERNEL_FILES),
+        "ptx_sha256": ptx_digests(),
         "python": platform.python_version(),
         "numpy": np.__version__,
         "host": platform.node(),
@@ -300,7 +400,8 @@ def bit_checks(fused) -> list[dict]:
     Needs a GPU. The shapes are ``(64, 1)``, ``(3, 2)`` and
     :data:`lnorm.gpu.check.SHAPES`, each in every one of
     :data:`lnorm.gpu.measure.DTYPES`; each output of the forward and the
-    backward is compared byte by byte with :mod:`lnorm.gpu.emulate`.
+    backward is compared byte by byte with :mod:`lnorm.gpu.emulate`, and
+    v3's outputs as :func:`lnorm.gpu.check.atomic_check` says.
 
     Parameters
     ----------
@@ -311,7 +412,9 @@ def bit_checks(fused) -> list[dict]:
     -------
     list of dict
         Per shape and dtype: ``rows``, ``D``, ``dtype``, ``bytes_differing``
-        (per output) and ``equal``.
+        (per output) and ``equal``; and ``v3``, where the row fits in
+        registers: :func:`lnorm.gpu.check.atomic_check` of the backward with
+        atomics.
 
     See Also
     --------
@@ -336,6 +439,8 @@ def bit_checks(fused) -> list[dict]:
                     for k in want}
             out.append({"rows": rows, "D": D, "dtype": dtype, "bytes_differing": diff,
                         "equal": all(v == 0 for v in diff.values())})
+            if D <= max_D():  # v3: dx bit for bit, dgamma and dbeta to a bound
+                out[-1]["v3"] = check.atomic_check(fused.backward, inp)
     return out
 
 
@@ -395,14 +500,15 @@ def offset_sweep(run, D: int = 1024, rows: int = 64,
 
 
 def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
-               rungs=("v1", "v4")) -> list[dict]:
+               rungs=("v1", "v3", "v4")) -> list[dict]:
     r"""Time every rung at every shape: seconds, and bandwidth of the bytes moved.
 
     Needs a GPU. For each entry of :func:`lnorm.gpu.measure.plan_launches`,
     the forward and the backward of each rung (``"v1"``: the op-by-op CuPy
-    version; ``"v4"``: the fused kernels, where the plan takes the shape),
-    each with L2 flushed before every call when the op moves fewer than
-    :data:`lnorm.gpu.measure.L2_FLUSH_BELOW` bytes.
+    version; ``"v4"``: the fused kernels, where the plan takes the shape;
+    ``"v3"``: the backward with atomics, up to ``max_D()``, whose forward is
+    v4's and is not timed again), each with L2 flushed before every call when
+    the op moves fewer than :data:`lnorm.gpu.measure.L2_FLUSH_BELOW` bytes.
 
     Parameters
     ----------
@@ -416,7 +522,7 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         ``(rows, D)`` pairs.
     dtypes : sequence of str, default DTYPES
         Storage types.
-    rungs : tuple of str, default ("v1", "v4")
+    rungs : tuple of str, default ("v1", "v3", "v4")
         Which versions to time.
 
     Returns
@@ -445,6 +551,9 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         todo = {"v1": (unfused_forward, unfused_backward)}
         if "unsupported" not in entry:
             todo["v4"] = (fused.forward, fused.backward)
+            if D <= max_D():
+                todo["v3"] = (fused.forward, functools.partial(fused.backward,
+                                                               atomics=True))
         for rung, (fwd, bwd) in todo.items():
             if rung not in rungs:
                 continue
@@ -452,6 +561,8 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
             args_b = (inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
             for direction, fn, args in (("forward", fwd, args_f),
                                         ("backward", bwd, args_b)):
+                if rung == "v3" and direction == "forward":
+                    continue
                 nbytes = entry[f"bytes_{direction}"]
                 t = timer(fn, *args, flush=nbytes < L2_FLUSH_BELOW)
                 out.append({"rung": rung, "direction": direction, "rows": rows, "D": D,

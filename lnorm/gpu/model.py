@@ -262,7 +262,8 @@ class Prediction:
 
 
 def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
-            registers: int | None = None, rows_in_flight: int = 1) -> Prediction:
+            registers: int | None = None, rows_in_flight: int = 1,
+            atomics: bool = False) -> Prediction:
     r"""Predict the time of the fused forward or backward (both kernels) at one shape.
 
     ``time = steps * (C * b_row / B + L) + launch overhead``, with the terms
@@ -286,6 +287,10 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         Rows whose loads a group keeps outstanding: 1 is the kernels here;
         2 models prefetching the next row, which hides the latency ``L`` of
         all but every second step.
+    atomics : bool, default False
+        The backward of the ladder's v3: the column sums go into dgamma and
+        dbeta by atomics (in L2), so no partial sums through DRAM and no
+        second stage. Optimistic: it charges nothing for the atomics.
 
     Returns
     -------
@@ -295,7 +300,8 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     Raises
     ------
     ValueError, TypeError
-        A shape or dtype :func:`lnorm.gpu.kernels.plan` refuses.
+        A shape or dtype :func:`lnorm.gpu.kernels.plan` refuses; ``atomics``
+        with the forward or a row longer than :func:`lnorm.gpu.kernels.max_D`.
 
     See Also
     --------
@@ -309,6 +315,10 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     (134299648, 792, 11)
     >>> predict("forward", 8192, 4096, "float16", rows_in_flight=2).time < fwd.time
     True
+    >>> v3 = predict("backward", 8192, 4096, "float16", atomics=True)
+    >>> v4 = predict("backward", 8192, 4096, "float16")
+    >>> v3.bytes_moved == v3.bytes, v3.time < v4.time
+    (True, True)
     """
     p = plan(rows, D, dtype)
     itemsize = p.dtype.itemsize
@@ -322,7 +332,11 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     else:
         groups, per_group = p.row_groups, p.rows_per_group
         per_block = 1 if p.per_block else 4
-        extra = p.partials_bytes
+        extra = 0 if atomics else p.partials_bytes
+    if atomics and (direction != "backward" or p.chunks > 1):
+        raise ValueError(
+            "atomics=True models v3, the backward of rows up to max_D()."
+        )
     blocks_per_sm = occupancy(p.block, regs, device)
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
     latency = device.latency / rows_in_flight
@@ -346,7 +360,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     t_step = concurrent * b_row / device.bandwidth + exposed
     steps = math.ceil(groups / concurrent) * per_group if rows else 0
     time = steps * t_step + device.launch_overhead
-    if direction == "backward":
+    if direction == "backward" and not atomics:
         # Second stage: read the partial sums once, at copy speed, plus its latency.
         time += (p.partials_bytes / 2 / device.bandwidth + device.latency
                  + device.launch_overhead)

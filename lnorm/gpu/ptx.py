@@ -36,6 +36,7 @@ __all__ = [
     "MemoryOp",
     "KernelPTX",
     "PtxasUsage",
+    "entries",
     "inspect_ptx",
     "inspect_kernels",
     "ptxas_path",
@@ -400,6 +401,33 @@ def _inspect_entry(
     )
 
 
+def entries(ptx: str) -> dict[str, str]:
+    r"""Split a PTX module into its kernels: ``{name: the entry's text}``.
+
+    Parameters
+    ----------
+    ptx : str
+        PTX text, e.g. from :func:`lnorm.gpu.kernels.compile_ptx`.
+
+    Returns
+    -------
+    dict of str to str
+        Each ``.visible .entry`` from its first line to its closing brace, in
+        the order of the PTX.
+
+    See Also
+    --------
+    lnorm.gpu.ptx.inspect_ptx : What is inside each entry.
+
+    Examples
+    --------
+    >>> ptx = ".visible .entry f(.param .u64 a)\n{\nret;\n}\n"
+    >>> entries(ptx)
+    {'f': '.visible .entry f(.param .u64 a)\n{\nret;\n}'}
+    """
+    return {m.group(1): m.group(0) for m in _ENTRY.finditer(ptx)}
+
+
 def inspect_ptx(
     ptx: str, params: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, KernelPTX]:
@@ -642,8 +670,9 @@ def inspect_kernels(
     Examples
     --------
     >>> reports, usage = inspect_kernels()
-    >>> len(reports), sum(k.count("atom") for k in reports.values())
-    (25, 0)
+    >>> with_atomics = {name for name, k in reports.items() if k.count("atom")}
+    >>> len(reports), with_atomics == {name for name in reports if "_atomic_" in name}
+    (33, True)
     >>> usage is None or set(usage) == set(reports)
     True
     """

@@ -218,12 +218,15 @@ class FusedLayerNorm:
             )
         return y, hi, lo, rstd
 
-    def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
+    def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
+                 atomics: bool = False) -> tuple:
         r"""Run the fused backward, then the deterministic reduction of dgamma, dbeta.
 
         Two launches: the backward kernel writes ``dx`` and the
         ``(row_groups, D)`` partial sums, ``ln_bwd_reduce_params`` adds them in
-        a fixed order (no atomics).
+        a fixed order (no atomics). With ``atomics=True``, the ladder's v3:
+        zero ``dgamma`` and ``dbeta``, and one kernel adds every group's column
+        sums into them with ``atomicAdd``, in the order the groups finish.
 
         Parameters
         ----------
@@ -233,6 +236,10 @@ class FusedLayerNorm:
             The scale.
         mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
             As :meth:`lnorm.gpu.run.FusedLayerNorm.forward` returns them.
+        atomics : bool, default False
+            Run v3 (rows up to :func:`lnorm.gpu.kernels.max_D`): ``dx`` has
+            the same bits, ``dgamma`` and ``dbeta`` may differ in their last
+            bits from run to run.
 
         Returns
         -------
@@ -273,6 +280,15 @@ class FusedLayerNorm:
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows
             return dx, cp.zeros(p.D, dtype=cp.float32), cp.zeros(p.D, dtype=cp.float32)
+        args = (np.int32(p.rows), np.int32(p.D), np.int32(p.rows_per_group),
+                np.int32(p.row_groups))
+        if atomics:
+            dgamma = cp.zeros(p.D, dtype=cp.float32)
+            dbeta = cp.zeros(p.D, dtype=cp.float32)
+            self._functions[p.kernel("backward", atomics=True)](
+                (p.backward_grid,), (p.block,),
+                (dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma, dbeta, *args))
+            return dx, dgamma, dbeta
         # The reduction kernel writes every column: no zero fill, which would
         # be two more launches inside every timed call.
         dgamma = cp.empty(p.D, dtype=cp.float32)
@@ -282,11 +298,7 @@ class FusedLayerNorm:
         self._functions[p.kernel("backward")](
             (p.backward_grid,),
             (p.block,),
-            (
-                dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part, dbeta_part,
-                np.int32(p.rows), np.int32(p.D), np.int32(p.rows_per_group),
-                np.int32(p.row_groups),
-            ),
+            (dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part, dbeta_part, *args),
         )
         slices = constants()["LN_REDUCE_SLICES"]
         self._functions["ln_bwd_reduce_params"](

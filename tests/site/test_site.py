@@ -38,11 +38,14 @@ pytestmark = needs_site
 
 
 # Chromium contacts these hosts on its own (component updates, clock, sign-in),
-# whatever page it shows. Listed exactly, so that a page loading anything from
-# a CDN or a font service (cdn.jsdelivr.net, unpkg.com, fonts.googleapis.com,
-# ...) is still caught.
+# whatever page it shows: Chromium 150 asks for www.google.com and
+# android.clients.google.com while it shows about:blank. Listed exactly, so
+# that a page loading anything from a CDN or a font service (cdn.jsdelivr.net,
+# unpkg.com, fonts.googleapis.com, ...) is still caught; and what the page
+# itself asks for is checked apart, through the browser's Network events.
 BROWSER_SERVICE_HOSTS = frozenset(
-    {"accounts.google.com", "clients2.google.com", "update.googleapis.com"}
+    {"accounts.google.com", "clients2.google.com", "update.googleapis.com",
+     "www.google.com", "android.clients.google.com"}
 )
 
 # The symbols every chapter shares (see the glossary page).
@@ -215,6 +218,7 @@ class Visit:
     outside: tuple[str, ...]  # hosts outside the machine the browser asked for
     console_errors: tuple[str, ...]
     sideways: tuple[str, ...]  # code boxes that scroll sideways, dropdowns open
+    page_urls: tuple[str, ...] = ()  # every URL the page itself requested
 
 
 @contextmanager
@@ -350,6 +354,9 @@ def visits() -> dict[str, Visit]:
                     outside=tuple(outside[first_outside:]),
                     console_errors=tuple(browser.exceptions()),
                     sideways=sideways,
+                    page_urls=tuple(
+                        e["params"]["request"]["url"] for e in browser.events
+                        if e.get("method") == "Network.requestWillBeSent"),
                 )
         finally:
             browser.close()
@@ -456,6 +463,9 @@ def test_page_loads_only_from_the_site(visits: dict[str, Visit], docname: str) -
     visit = visits[docname]
     outside = sorted(set(visit.outside) - BROWSER_SERVICE_HOSTS)
     assert not outside, f"the page asked for hosts outside the site: {outside}"
+    own = [u for u in visit.page_urls if urlsplit(u).scheme in ("http", "https")
+           and urlsplit(u).hostname != "127.0.0.1"]
+    assert visit.page_urls and not own, f"the page requested outside the site: {own}"
     # Browsers ask for /favicon.ico on their own; this site has none.
     failed = [
         (path, status)

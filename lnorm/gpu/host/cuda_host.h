@@ -10,8 +10,11 @@
 // thread of its group never reaches (it exited first, or a time-out of
 // LNORM_HOST_TIMEOUT_S seconds, default 20, passed).
 //
-// Not emulated: dynamic (extern) shared memory, atomics, textures, other
-// shuffles than the xor one, warp-synchronous code without a shuffle.
+// atomicAdd on float is a relaxed std::atomic_ref read-modify-write: the
+// threads of a block race for it as on the GPU, blocks add in launch order.
+//
+// Not emulated: dynamic (extern) shared memory, other atomics, textures,
+// other shuffles than the xor one, warp-synchronous code without a shuffle.
 #ifndef LNORM_CUDA_HOST_H
 #define LNORM_CUDA_HOST_H
 
@@ -87,6 +90,9 @@ inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 // The GPU's rsqrtf is approximate (not correctly rounded): results differ.
 inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
 template <class T> inline T __ldg(const T* p) { return *p; }
+inline float atomicAdd(float* address, float value) {
+    return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
+}
 
 // ---- the runtime: blocks, warps, barriers ------------------------------------
 namespace cuda_host {
