@@ -934,6 +934,30 @@ def test_model_of_v3_drops_the_partials_and_the_second_stage():
             model.predict(direction, 8192, D, "float32", atomics=True)
 
 
+def test_model_trades_strip_length_for_parallelism():
+    """Longer strips: partial sums in proportion to 1/strip; groups at once limited
+    by the groups there are."""
+    base = model.predict("backward", 8192, 4096, "float16")
+    p = kernels.plan(8192, 4096, "float16")
+    for r in (16, 32, 64, 128):
+        pr = model.predict("backward", 8192, 4096, "float16", rows_per_group=r)
+        groups = -(-8192 // r)
+        assert pr.bytes_moved - pr.bytes == 2 * 2 * 4 * groups * 4096
+        assert pr.concurrent_groups == min(groups, base.concurrent_groups)
+    same = model.predict("backward", 8192, 4096, "float16",
+                         rows_per_group=p.rows_per_group)
+    assert same == base
+    for direction, D, r in (("forward", 4096, 32), ("backward", 12288, 32),
+                            ("backward", 4096, 0)):
+        with pytest.raises(ValueError, match="rows_per_group"):
+            model.predict(direction, 8192, D, "float32", rows_per_group=r)
+
+
+def test_model_refuses_a_block_that_does_not_fit():
+    with pytest.raises(ValueError, match="does not fit"):
+        model.predict("backward", 8192, 8192, "float32", registers=200)
+
+
 def test_occupancy_follows_the_register_file():
     # 512 threads of 112 registers: 16 warps x 3584 registers = 57344 <= 65536; two
     # would not fit.

@@ -44,7 +44,7 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -263,7 +263,7 @@ class Prediction:
 
 def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
             registers: int | None = None, rows_in_flight: int = 1,
-            atomics: bool = False) -> Prediction:
+            atomics: bool = False, rows_per_group: int | None = None) -> Prediction:
     r"""Predict the time of the fused forward or backward (both kernels) at one shape.
 
     ``time = steps * (C * b_row / B + L) + launch overhead``, with the terms
@@ -291,6 +291,11 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         The backward of the ladder's v3: the column sums go into dgamma and
         dbeta by atomics (in L2), so no partial sums through DRAM and no
         second stage. Optimistic: it charges nothing for the atomics.
+    rows_per_group : int, optional
+        The backward's strip (default: the plan's): fewer, longer strips
+        write fewer partial sums but leave fewer row groups to run at once.
+        The kernels take any strip; the plan picks
+        ``max(MIN_ROWS_PER_GROUP, ceil(rows / MAX_ROW_GROUPS))``.
 
     Returns
     -------
@@ -301,7 +306,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     ------
     ValueError, TypeError
         A shape or dtype :func:`lnorm.gpu.kernels.plan` refuses; ``atomics``
-        with the forward or a row longer than :func:`lnorm.gpu.kernels.max_D`.
+        or ``rows_per_group`` with the forward or a row longer than
+        :func:`lnorm.gpu.kernels.max_D`; ``rows_per_group`` below 1; or
+        ``registers`` more than one block of the plan can have.
 
     See Also
     --------
@@ -319,6 +326,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     >>> v4 = predict("backward", 8192, 4096, "float16")
     >>> v3.bytes_moved == v3.bytes, v3.time < v4.time
     (True, True)
+    >>> long = predict("backward", 8192, 4096, "float16", rows_per_group=64)
+    >>> (long.bytes_moved - long.bytes) / (v4.bytes_moved - v4.bytes)  # 128 strips
+    0.25
     """
     p = plan(rows, D, dtype)
     itemsize = p.dtype.itemsize
@@ -337,7 +347,21 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         raise ValueError(
             "atomics=True models v3, the backward of rows up to max_D()."
         )
+    if rows_per_group is not None:
+        if direction != "backward" or p.chunks > 1 or rows_per_group < 1:
+            raise ValueError(
+                "rows_per_group must be a positive int, for the backward of rows "
+                f"up to max_D(); got {rows_per_group!r} ({direction}, D = {D})."
+            )
+        groups, per_group = max(math.ceil(rows / rows_per_group), 1), rows_per_group
+        p = replace(p, rows_per_group=per_group, row_groups=groups)
+        extra = 0 if atomics else p.partials_bytes
     blocks_per_sm = occupancy(p.block, regs, device)
+    if blocks_per_sm == 0:
+        raise ValueError(
+            f"a block of {p.block} threads with {regs} registers each does not fit "
+            f"on one SM of {device.name}."
+        )
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
     latency = device.latency / rows_in_flight
     past_l2 = 0  # bytes of re-reads that L2 does not hold
