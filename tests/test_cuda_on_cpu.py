@@ -88,6 +88,13 @@ def run_both(host, inp: dict) -> tuple[dict, dict]:
 ATOMIC_SHAPES = ((70, 7), (37, 512), (35, 1027), (33, 2048))
 
 
+#: v5, row groups sharing a block: warps (4 a block), blocks of 8, 5 (96
+#: threads a row, 480 a block), 2 and 1 group; a last block with empty groups,
+#: short last strips, strips of 32 and 64 rows (float16 at 4096 and 8192).
+GROUPED_SHAPES = ((70, 7), (37, 512), (150, 768), (200, 1027), (70, 4096),
+                  (40, 8192), (3, 1024))
+
+
 def test_shapes_reach_every_kernel_variant():
     names = {n for f in kernels.KERNEL_FILES for n in kernels.kernel_params(f)}
     reached = {
@@ -96,11 +103,29 @@ def test_shapes_reach_every_kernel_variant():
         for dt in (F32, F16)
         for direction in ("forward", "backward")
     } | {
-        kernels.plan(rows, D, dt).kernel("backward", atomics=True)
-        for rows, D in ATOMIC_SHAPES
+        kernels.plan(rows, D, dt, rung).kernel("backward")
+        for rung, shapes in (("v3", ATOMIC_SHAPES), ("v5", GROUPED_SHAPES))
+        for rows, D in shapes
         for dt in (F32, F16)
     }
     assert reached | {"ln_bwd_reduce_params"} == names
+
+
+@pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
+@pytest.mark.parametrize("rows, D", GROUPED_SHAPES)
+def test_grouped_backward_v5_equals_emulation_bit_for_bit(host, rows, D, dtype):
+    inp = check.make_inputs(rows, D, dtype, seed=D)
+    inp["x"][1, 0] = np.nan  # stays in its row; its column's sums turn NaN
+    with np.errstate(all="ignore"):
+        stats = emulate.forward(inp["x"], inp["gamma"], inp["beta"])[1:]
+        args = (inp["dy"], inp["x"], inp["gamma"], *stats)
+        want = emulate.backward(*args, rung="v5")
+    got = host.backward(*args, rung="v5")
+    names = ("dx", "dgamma", "dbeta")
+    assert_same_bits(dict(zip(names, got)), dict(zip(names, want)),
+                     f"v5, rows={rows}, D={D}, {dtype}", nan_payload=False)
+    v4 = emulate.backward(*args)
+    assert got[0].tobytes() == v4[0].tobytes()  # dx: v4's arithmetic
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
@@ -118,8 +143,8 @@ def test_atomic_backward_v3(host, rows, D, dtype):
         got, want = run_both(host, inp)
         stats = [want[k] for k in ("mean_hi", "mean_lo", "rstd")]
         args = (inp["dy"], inp["x"], inp["gamma"], *stats)
-        v3 = host.backward(*args, atomics=True)
-        in_order = emulate.backward(*args, atomics=True)
+        v3 = host.backward(*args, rung="v3")
+        in_order = emulate.backward(*args, rung="v3")
         assert all(a.tobytes() == b.tobytes() for a, b in zip(v3, in_order))
 
 
@@ -290,6 +315,20 @@ def test_control_plain_add_in_v3_is_a_data_race(host, tmp_path):
 
     rc, out = run_control(tmp_path, "layernorm_backward.cu", plain_add, (40, 7), "tsan")
     assert rc != 0 and RACE in out and "layernorm_backward" in out, out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_v5_hand_over_without_barrier_is_a_data_race(host, tmp_path):
+    """v5 without the barrier between a group writing its column sums to
+    shared memory and group 0 reading them."""
+
+    def drop_barrier(text):
+        hand_over = "        __syncthreads();\n        if (p == 0) {"
+        return text.replace(hand_over, "        if (p == 0) {", 1)
+
+    rc, out = run_control(tmp_path, "layernorm_backward.cu", drop_barrier, (70, 7),
+                          "tsan")
+    assert rc != 0 and RACE in out and "layernorm_backward_grouped" in out, out[-4000:]
 
 
 @pytest.mark.slow

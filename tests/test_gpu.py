@@ -26,6 +26,7 @@ E = C["LN_ELEMS_PER_THREAD"]
 ALL_KERNELS = {name for f in kernels.KERNEL_FILES for name in kernels.kernel_params(f)}
 MAIN = re.compile(r"ln_(fwd|bwd)_(warp|block)_(f32|f16)_v(\d)")
 ATOMIC = re.compile(r"ln_bwd_atomic_(warp|block)_(f32|f16)_v(\d)")
+GROUPED = re.compile(r"ln_bwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 LONG = re.compile(r"ln_(fwd|bwd)_long_(f32|f16)_v(\d)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
@@ -316,7 +317,7 @@ def compiled(request):
 
 def test_every_kernel_compiles(compiled):
     _, reports, _ = compiled
-    assert len(ALL_KERNELS) == 33
+    assert len(ALL_KERNELS) == 41
     assert set(reports) == ALL_KERNELS
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
@@ -406,6 +407,29 @@ def test_main_kernels_touch_each_element_once(compiled):
                 "dgamma_part": partial,
                 "dbeta_part": partial,
             }, name
+
+
+def test_grouped_backward_is_v4_with_block_partials(compiled):
+    """v5: v4's loads, stores and shuffles per row; the partial row written once
+    per block (after the groups' hand-over, outside the row loop); two barriers
+    per row sum, and two per hand-over round; the hand-over buffer in shared
+    memory."""
+    _, reports, _ = compiled
+    grouped = {n: r for n, r in reports.items() if GROUPED.fullmatch(n)}
+    assert len(grouped) == 8
+    for name, r in grouped.items():
+        v4 = reports[name.replace("_grouped", "")]
+        for kind in ("ld", "st"):
+            for in_loop in (True, False):
+                assert r.per_argument(kind, in_loop=in_loop) == v4.per_argument(
+                    kind, in_loop=in_loop), (name, kind, in_loop)
+        assert r.count("shfl.sync.bfly") == v4.count("shfl.sync.bfly"), name
+        hand_over = 2 * 4 * C["LN_ELEMS_PER_THREAD"] * C["LN_MAX_ROW_THREADS"] // 2
+        if GROUPED.fullmatch(name).group(1) == "block":
+            assert r.count("bar.sync") == 2 + 2, name
+            assert r.shared_bytes == hand_over + 2 * 8 * C["LN_MAX_ROW_THREADS"] // 32
+        else:
+            assert r.count("bar.sync") == 2 and r.shared_bytes == hand_over, name
 
 
 def test_reductions_use_shuffles_and_little_shared_memory(compiled):
@@ -629,14 +653,14 @@ def test_v3_order_of_the_atomics():
     differ = 0
     for _ in range(20):
         order = rng.permutation(part.shape[0])
-        got = emulate.backward(*args, atomics=True, order=order)[1]
+        got = emulate.backward(*args, rung="v3", order=order)[1]
         assert (np.abs(got.astype(np.float64) - v4[1]) <= bound).all()
         differ += got.tobytes() != v4[1].tobytes()
     assert differ > 0
     assert check.atomic_check(emulate.backward, inp)["within"]
 
-    def off_by_bound(*a, atomics):
-        dx, dgamma, dbeta = emulate.backward(*a, atomics=atomics)
+    def off_by_bound(*a, rung):
+        dx, dgamma, dbeta = emulate.backward(*a, rung=rung)
         return dx, dgamma + np.float32(2 * bound.max()), dbeta
 
     r = check.atomic_check(off_by_bound, inp)
@@ -646,11 +670,15 @@ def test_v3_order_of_the_atomics():
 
 
 def test_atomic_kernel_name():
-    assert kernels.plan(33, 2048, "float16").kernel("backward", atomics=True) == (
+    assert kernels.plan(33, 2048, "float16", "v3").kernel("backward") == (
         "ln_bwd_atomic_block_f16_v8")
-    for direction, D in (("forward", 64), ("backward", 12288)):
-        with pytest.raises(ValueError, match="atomic backward only"):
-            kernels.plan(4, D, "float32").kernel(direction, atomics=True)
+    assert kernels.plan(33, 2048, "float16", "v3").kernel("forward") == (
+        "ln_fwd_block_f16_v8")  # the forward is the same for every rung
+    for rung in ("v3", "v5"):
+        with pytest.raises(ValueError, match="max_D"):
+            kernels.plan(4, 12288, "float32", rung)
+    with pytest.raises(ValueError, match="rung must be one of"):
+        kernels.plan(4, 64, "float32", "v6")
 
 
 # --- on a GPU -------------------------------------------------------------------------
@@ -684,6 +712,19 @@ def test_kernels_match_lnorm_and_the_emulation_bit_for_bit(fused, rows, D, dtype
 def test_atomic_backward_v3_on_the_gpu(fused, rows, D, dtype):
     r = check.atomic_check(fused.backward, check.make_inputs(rows, D, dtype, seed=D))
     assert r["dx_equal"] and r["within"], r
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("rows, D", [(5000, 64), (300, 768), (100, 1027), (8192, 4096)])
+def test_grouped_backward_v5_on_the_gpu(fused, rows, D, dtype):
+    inp = check.make_inputs(rows, D, dtype, seed=D)
+    stats = fused.forward(inp["x"], inp["gamma"], inp["beta"])[1:]
+    args = (inp["dy"], inp["x"], inp["gamma"])
+    got = fused.backward(*args, *stats, rung="v5")
+    want = emulate.backward(*args, *(s.get() for s in stats), rung="v5")
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g.get(), w)
 
 
 @needs_gpu
@@ -905,18 +946,37 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert reduce_named["dgamma_part"] is named["dgamma_part"]
         assert reduce_named["dgamma"] is dgamma and reduce_named["dbeta"] is dbeta
 
-        if p.chunks > 1:  # no v3 for long rows
+        if p.chunks > 1:  # no v3 or v5 for long rows
             continue
         launches.clear()
         dx, dgamma, dbeta = fused.backward(
-            inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, atomics=True
+            inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, rung="v3"
         )
         ((name, grid, block, args),) = launches  # one launch, into dgamma itself
-        assert name == p.kernel("backward", atomics=True) and grid == (p.backward_grid,)
+        p3 = kernels.plan(rows, D, dtype, "v3")
+        assert name == p3.kernel("backward") and grid == (p3.backward_grid,)
         named = dict(zip(params[name], args))
         assert named["dx"] is dx and named["dgamma"] is dgamma
         assert named["dbeta"] is dbeta and named["row_groups"] == p.row_groups
         assert not dgamma.any() and not dbeta.any()  # zeros before the launch
+
+        launches.clear()
+        dx, dgamma, dbeta = fused.backward(
+            inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, rung="v5"
+        )
+        (name, grid, block, args), (rname, rgrid, rblock, rargs) = launches
+        p5 = kernels.plan(rows, D, dtype, "v5")
+        assert name == p5.kernel("backward") and grid == (p5.backward_grid,)
+        # a block holds whole groups of threads_per_row threads, within the bounds
+        assert block[0] % p.threads_per_row == 0
+        assert block[0] <= C["LN_MAX_ROW_THREADS"] and block[0] >= p.block
+        named = dict(zip(params[name], args))
+        assert named["group_threads"] == p.threads_per_row
+        assert named["dgamma_part"].shape == (p5.backward_grid, D)
+        assert named["rows_per_group"] * block[0] // p.threads_per_row * grid[0] >= rows
+        reduce_named = dict(zip(params[rname], rargs))
+        assert reduce_named["row_groups"] == p5.backward_grid  # one row per block
+        assert reduce_named["dgamma_part"] is named["dgamma_part"]
 
 
 # --- the time model ------------------------------------------------------------------
@@ -924,14 +984,14 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
 
 def test_model_of_v3_drops_the_partials_and_the_second_stage():
     v4 = model.predict("backward", 8192, 4096, "float16")
-    v3 = model.predict("backward", 8192, 4096, "float16", atomics=True)
+    v3 = model.predict("backward", 8192, 4096, "float16", rung="v3")
     p = kernels.plan(8192, 4096, "float16")
     assert v4.bytes_moved - v3.bytes_moved == p.partials_bytes and v3.bytes == v4.bytes
     # v3's first kernel moves less; the second stage (a launch, a latency) is gone
     assert v3.time < v4.time - model.H100.launch_overhead - model.H100.latency
     for direction, D in (("forward", 4096), ("backward", 12288)):
-        with pytest.raises(ValueError, match="atomics=True"):
-            model.predict(direction, 8192, D, "float32", atomics=True)
+        with pytest.raises(ValueError, match="rung"):
+            model.predict(direction, 8192, D, "float32", rung="v3")
 
 
 def test_model_trades_strip_length_for_parallelism():
@@ -956,6 +1016,26 @@ def test_model_trades_strip_length_for_parallelism():
 def test_model_refuses_a_block_that_does_not_fit():
     with pytest.raises(ValueError, match="does not fit"):
         model.predict("backward", 8192, 8192, "float32", registers=200)
+
+
+def test_v5_meets_the_partials_budget_and_the_model_prefers_it():
+    for D in (768, 1024, 4096, 8192):
+        for dtype in ("float32", "float16"):
+            v4 = model.predict("backward", 8192, D, dtype)
+            v5 = model.predict("backward", 8192, D, dtype, rung="v5")
+            p = kernels.plan(8192, D, dtype, "v5")
+            assert p.partials_bytes <= kernels.PARTIALS_BUDGET * v5.bytes
+            assert v5.bytes_moved - v5.bytes == p.partials_bytes
+            assert v5.time < v4.time, (D, dtype)
+
+
+def test_emulated_v5_adds_the_groups_of_a_block_in_order():
+    p = kernels.plan(80, 64, "float32", "v5")  # 5 strips, 4 warps a block
+    part = np.array([[1.0], [2.0**24], [1.0], [1.0], [3.0]], np.float32)
+    part = np.repeat(part, 64, axis=1)
+    got = emulate.block_partials(part, p)[:, 0]
+    # ((1 + 2**24) + 1) + 1 rounds twice to 2**24; the last block: 3 + 0 + 0 + 0
+    assert got.tolist() == [2.0**24, 3.0]
 
 
 def test_occupancy_follows_the_register_file():

@@ -12,9 +12,11 @@ The kernels are the ``*.cu`` files next to this module:
   recomputed, both row reductions in one shuffle pass, ``dx`` written once;
   ``dgamma``/``dbeta`` summed per row group over its strip into a
   ``(row_groups, D)`` buffer, which a second kernel reduces in a fixed order:
-  deterministic, no atomics. The same kernel with a template flag set,
-  ``ln_bwd_atomic_*``, is the ladder's v3: it adds the column sums into
-  ``dgamma`` and ``dbeta`` with ``atomicAdd``, in the order the groups finish;
+  deterministic, no atomics. Two more rungs of chapter 6's ladder, chosen
+  with ``rung=``: ``ln_bwd_atomic_*`` (v3) adds the column sums into
+  ``dgamma`` and ``dbeta`` with ``atomicAdd``, in the order the groups
+  finish; ``ln_bwd_grouped_*`` (v5) lets the row groups of a block add their
+  column sums in shared memory first, one partial row per block;
 * ``layernorm_long.cu``: both passes for rows longer than a block holds in
   registers (``D > max_D()``), taken in chunks and read again for every pass
   over the row, with the same order of every sum (the emulation covers them

@@ -349,7 +349,7 @@ def atomic_check(backward, inp: dict) -> dict:
     Parameters
     ----------
     backward : callable
-        ``backward(dy, x, gamma, mean_hi, mean_lo, rstd, atomics=True)``: the
+        ``backward(dy, x, gamma, mean_hi, mean_lo, rstd, rung="v3")``: the
         kernels on a GPU, on the CPU (:mod:`lnorm.gpu.host`), or the emulation.
     inp : dict
         From :func:`lnorm.gpu.check.make_inputs`.
@@ -377,7 +377,7 @@ def atomic_check(backward, inp: dict) -> dict:
     stats = emulate.forward(inp["x"], inp["gamma"], inp["beta"])[1:]
     args = (inp["dy"], inp["x"], inp["gamma"], *stats)
     v4 = emulate.backward(*args)
-    v3 = [_host(a) for a in backward(*args, atomics=True)]
+    v3 = [_host(a) for a in backward(*args, rung="v3")]
     parts = emulate.column_partials(inp["dy"], inp["x"], *stats)
     within, worst = True, (0.0, 0.0)
     for got, want, part in zip(v3[1:], v4[1:], parts):

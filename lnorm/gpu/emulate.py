@@ -36,7 +36,7 @@ from .kernels import (
 )
 
 __all__ = ["forward", "backward", "row_sum", "strip_sums", "reduce_partials",
-           "column_partials", "add_in_order"]
+           "block_partials", "column_partials", "add_in_order"]
 
 F32 = np.float32
 
@@ -329,9 +329,49 @@ def add_in_order(part: np.ndarray, order=None) -> np.ndarray:
     return total
 
 
+def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
+    r"""Add the column sums of the row groups of each block, as v5 does.
+
+    Group ``q`` of a block hands its sums to group 0, for ``q = 1, ...,
+    P - 1`` in order (``P = p.groups_per_block``); groups past the last row
+    hold zeros.
+
+    Parameters
+    ----------
+    part : ndarray, float32, shape (row_groups, D)
+        What :func:`lnorm.gpu.emulate.strip_sums` returns for the v5 plan.
+    p : LaunchPlan
+        The v5 plan (``plan(rows, D, dtype, rung="v5")``).
+
+    Returns
+    -------
+    ndarray, float32, shape (backward_grid, D)
+        One partial row per block, what the reduction then sums.
+
+    See Also
+    --------
+    lnorm.gpu.emulate.reduce_partials : The second stage.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.kernels import plan
+    >>> p = plan(80, 64, np.float32, rung="v5")  # 5 warps' strips, 4 a block
+    >>> block_partials(np.ones((5, 64), np.float32), p)[:, 0].tolist()
+    [4.0, 1.0]
+    """
+    P = p.groups_per_block
+    padded = np.zeros((p.backward_grid * P, p.D), dtype=F32)
+    padded[: part.shape[0]] = part
+    blocks = padded.reshape(p.backward_grid, P, p.D)
+    acc = blocks[:, 0].copy()
+    for q in range(1, P):
+        acc += blocks[:, q]
+    return acc
+
+
 def backward(
     dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, mean_hi: np.ndarray,
-    mean_lo: np.ndarray, rstd: np.ndarray, *, atomics: bool = False, order=None,
+    mean_lo: np.ndarray, rstd: np.ndarray, *, rung: str = "v4", order=None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Emulate the fused backward kernel and the dgamma/dbeta reduction.
 
@@ -339,8 +379,9 @@ def backward(
     ``dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd`` with the row means
     summed in the kernel's order; ``dgamma = sum(dy * xhat)`` and
     ``dbeta = sum(dy)`` over rows, by strips (:func:`strip_sums`) and then
-    over strips (:func:`reduce_partials`), or, for v3 (``atomics=True``),
-    added into zeros in the order the groups finish (:func:`add_in_order`).
+    over strips (:func:`reduce_partials`); for v5, the strips of a block added
+    first (:func:`block_partials`); for v3, added into zeros in the order the
+    groups finish (:func:`add_in_order`).
 
     Parameters
     ----------
@@ -350,11 +391,12 @@ def backward(
         The scale.
     mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
         As :func:`lnorm.gpu.emulate.forward` returns them.
-    atomics : bool, default False
-        Emulate v3, the backward with atomics (``dx`` is the same).
+    rung : {"v4", "v3", "v5"}, default "v4"
+        The backward kernel emulated (:data:`lnorm.gpu.kernels.RUNGS`); ``dx``
+        is the same for all three.
     order : sequence of int, optional
-        With ``atomics``: the order the row groups finish in (default: index
-        order, as the CPU-run kernels of one group per block add).
+        v3: the order the row groups finish in (default: index order, as the
+        CPU-run kernels of one group per block add).
 
     Returns
     -------
@@ -383,7 +425,9 @@ def backward(
     >>> float(abs(dx).max()), dbeta.tolist()
     (0.0, [2.0, 2.0, 2.0, 2.0])
     """
-    p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd)
+    p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung)
+    if order is not None and rung != "v3":
+        raise ValueError(f"order is for rung='v3' (atomics); got rung={rung!r}.")
     dy32, xhat, rs = _terms(p, dy, x, mean_hi, mean_lo, rstd)
     g = np.asarray(gamma, F32) * dy32
     D = F32(p.D)
@@ -391,8 +435,10 @@ def backward(
     mean_gxhat = (row_sum(g * xhat, p) / D)[:, None]
     dx = ((g - mean_g) - xhat * mean_gxhat) * rs
     parts = strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
-    if atomics:
+    if rung == "v3":
         dgamma, dbeta = (add_in_order(part, order) for part in parts)
+    elif rung == "v5":
+        dgamma, dbeta = (reduce_partials(block_partials(part, p)) for part in parts)
     else:
         dgamma, dbeta = (reduce_partials(part) for part in parts)
     return dx.astype(x.dtype).reshape(x.shape), dgamma, dbeta

@@ -441,7 +441,7 @@ class HostLayerNorm:
             return tuple(o.copy() for o in outs)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
-                 atomics: bool = False) -> tuple:
+                 rung: str = "v4") -> tuple:
         r"""Run the fused backward and the dgamma/dbeta reduction on the CPU.
 
         The launches of :meth:`lnorm.gpu.run.FusedLayerNorm.backward`, on
@@ -455,10 +455,10 @@ class HostLayerNorm:
             The scale.
         mean_hi, mean_lo, rstd : array_like, float32, shape ``x.shape[:-1]``
             As :meth:`lnorm.gpu.host.HostLayerNorm.forward` returns them.
-        atomics : bool, default False
-            Run the ladder's v3, one kernel that adds every group's column
-            sums into dgamma and dbeta with atomicAdd (here blocks run one at
-            a time, so they add in launch order).
+        rung : {"v4", "v3", "v5"}, default "v4"
+            The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds
+            every group's column sums into dgamma and dbeta with atomicAdd
+            (here blocks run one at a time, so they add in launch order).
 
         Returns
         -------
@@ -490,28 +490,24 @@ class HostLayerNorm:
         ...     assert all(np.array_equal(a, w) for a, w in zip(got, want))
         """
         arrays = [np.asarray(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd)]
-        p = check_backward_args(*arrays)
+        p = check_backward_args(*arrays, rung=rung)
         if p.rows == 0:
             return (np.empty_like(arrays[1]), np.zeros(p.D, np.float32),
                     np.zeros(p.D, np.float32))
+        name, grid, block, ints = p.backward_launch()
         with self.buffers() as new:
             ins = [new(a.shape, a.dtype, a) for a in arrays]
             dx = new(arrays[1].shape, arrays[1].dtype)
-            if atomics:
+            if rung == "v3":  # into dgamma and dbeta, which start at zero
                 params = [new((p.D,), np.float32, 0.0) for _ in range(2)]
-                self.launch(p.kernel("backward", atomics=True), (p.backward_grid,),
-                            (p.block,),
-                            (*ins, dx, *params, np.int32(p.rows), np.int32(p.D),
-                             np.int32(p.rows_per_group), np.int32(p.row_groups)))
+                self.launch(name, grid, block, (*ins, dx, *params, *ints))
                 return dx.copy(), params[0].copy(), params[1].copy()
-            parts = [new((p.row_groups, p.D), np.float32) for _ in range(2)]
+            parts = [new((p.partial_rows, p.D), np.float32) for _ in range(2)]
             params = [new((p.D,), np.float32) for _ in range(2)]
-            self.launch(p.kernel("backward"), (p.backward_grid,), (p.block,),
-                        (*ins, dx, *parts, np.int32(p.rows), np.int32(p.D),
-                         np.int32(p.rows_per_group), np.int32(p.row_groups)))
+            self.launch(name, grid, block, (*ins, dx, *parts, *ints))
             self.launch("ln_bwd_reduce_params", (math.ceil(p.D / 32),),
                         (32, constants()["LN_REDUCE_SLICES"]),
-                        (*parts, np.int32(p.row_groups), np.int32(p.D), *params))
+                        (*parts, np.int32(p.partial_rows), np.int32(p.D), *params))
             return dx.copy(), params[0].copy(), params[1].copy()
 
 
@@ -620,8 +616,9 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
     r"""Assert that the CPU-run kernels equal :mod:`lnorm.gpu.emulate` bit for bit.
 
     Every output of the forward and the backward, at every shape and dtype;
-    and v3 (the backward with atomics) where it exists: its ``dx`` bit for
-    bit, its ``dgamma`` and ``dbeta`` to 1e-5. Prints one line when all hold.
+    where they exist, v5's backward bit for bit, and v3's (the backward with
+    atomics): its ``dx`` bit for bit, its ``dgamma`` and ``dbeta`` to 1e-5.
+    Prints one line when all hold.
 
     Parameters
     ----------
@@ -671,10 +668,15 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
                 np.testing.assert_array_equal(
                     got[k].view(bits), w.view(bits),
                     err_msg=f"{k}, rows={rows}, D={D}, {dtype}")
-            if D <= max_D():  # v3, the atomics: dx the same, dgamma nearly
-                dx, dgamma, dbeta = host.backward(
-                    inp["dy"], inp["x"], inp["gamma"],
-                    *(want[k] for k in ("mean_hi", "mean_lo", "rstd")), atomics=True)
+            if D <= max_D():  # v5 bit for bit; v3, the atomics: dgamma nearly
+                args = (inp["dy"], inp["x"], inp["gamma"],
+                        *(want[k] for k in ("mean_hi", "mean_lo", "rstd")))
+                v5 = host.backward(*args, rung="v5")
+                for a, b in zip(v5, emulate.backward(*args, rung="v5")):
+                    np.testing.assert_array_equal(
+                        a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"),
+                        err_msg=f"v5, rows={rows}, D={D}, {dtype}")
+                dx, dgamma, dbeta = host.backward(*args, rung="v3")
                 np.testing.assert_array_equal(dx, want["dx"], err_msg=f"v3 dx, {D}")
                 for k, a in (("dgamma", dgamma), ("dbeta", dbeta)):
                     np.testing.assert_allclose(a, want[k], rtol=1e-5, atol=1e-5,

@@ -35,6 +35,8 @@ __all__ = [
     "ARCHS",
     "MIN_ROWS_PER_GROUP",
     "MAX_ROW_GROUPS",
+    "RUNGS",
+    "PARTIALS_BUDGET",
     "constants",
     "source",
     "kernel_params",
@@ -78,7 +80,19 @@ MIN_ROWS_PER_GROUP = 16
 #: as many as that takes.)
 MAX_ROW_GROUPS = 4096
 
+#: The backward's rungs that are ``.cu`` kernels (chapter 6's ladder): ``"v3"``
+#: adds the column sums into dgamma and dbeta with atomics (one launch, not
+#: deterministic); ``"v4"``, the default, writes one partial row per row
+#: group and sums them in a fixed order; ``"v5"`` adds the column sums of the
+#: row groups of a block in shared memory first, one partial row per block.
+#: The forward is the same for every rung.
+RUNGS = ("v3", "v4", "v5")
+#: v5 — its strips are the shortest (16 rows, doubled) whose partial sums
+#: stay within this fraction of the bytes the backward must move.
+PARTIALS_BUDGET = 0.05
+
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
+_KERNEL_PREFIX = {"v3": "bwd_atomic", "v4": "bwd", "v5": "bwd_grouped"}
 _MAX_VEC = {np.dtype(np.float32): 4, np.dtype(np.float16): 8}
 
 
@@ -209,7 +223,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (17, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (25, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -413,9 +427,14 @@ class LaunchPlan:
         Blocks of the forward launch.
     row_groups, rows_per_group : int
         Backward: the number of row groups (warps or blocks) and the strip of
-        consecutive rows each takes; the (row_groups, D) partial-sum buffers.
+        consecutive rows each takes.
     backward_grid : int
         Blocks of the backward launch.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`).
+    backward_block : int, default 0
+        Threads per block of the backward launch, if not ``block``: v5 puts
+        several row groups in a block.
 
     See Also
     --------
@@ -441,19 +460,58 @@ class LaunchPlan:
     row_groups: int
     rows_per_group: int
     backward_grid: int
+    rung: str = "v4"
+    backward_block: int = 0
+
+    @property
+    def groups_per_block(self) -> int:
+        r"""Backward: row groups in one block (a group is ``threads_per_row`` threads).
+
+        Returns
+        -------
+        int
+            ``backward_block // threads_per_row`` (or ``block // ...``).
+
+        Examples
+        --------
+        >>> plan(8192, 1024, "float32").groups_per_block  # 64 threads a row
+        1
+        >>> plan(8192, 1024, "float32", rung="v5").groups_per_block
+        8
+        """
+        return (self.backward_block or self.block) // self.threads_per_row
+
+    @property
+    def partial_rows(self) -> int:
+        r"""Backward: rows of the float32 partial-sum buffers.
+
+        One per row group (v4), one per block (v5), none (v3, whose groups
+        add into dgamma and dbeta directly).
+
+        Returns
+        -------
+        int
+            The first dimension of the ``(partial_rows, D)`` buffers.
+
+        Examples
+        --------
+        >>> [plan(8192, 4096, "float16", rung=r).partial_rows for r in RUNGS]
+        [0, 512, 128]
+        """
+        return {"v3": 0, "v4": self.row_groups, "v5": self.backward_grid}[self.rung]
 
     @property
     def partials_bytes(self) -> int:
         r"""Backward: bytes of the float32 partial sums of dgamma and dbeta.
 
-        Two buffers of ``row_groups * D`` float32 values, each written once by
-        the backward kernel and read once by the reduction:
-        ``2 * 2 * 4 * row_groups * D``.
+        Two buffers of ``partial_rows * D`` float32 values, each written once
+        by the backward kernel and read once by the reduction:
+        ``2 * 2 * 4 * partial_rows * D``.
 
         Returns
         -------
         int
-            Bytes moved through the ``(row_groups, D)`` buffers.
+            Bytes moved through the ``(partial_rows, D)`` buffers.
 
         See Also
         --------
@@ -465,7 +523,7 @@ class LaunchPlan:
         >>> p.partials_bytes, p.partials_bytes / (p.rows * p.D)
         (33554432, 1.0)
         """
-        return 2 * 2 * 4 * self.row_groups * self.D
+        return 2 * 2 * 4 * self.partial_rows * self.D
 
     @property
     def vecs_per_thread(self) -> int:
@@ -492,19 +550,47 @@ class LaunchPlan:
         """
         return self.chunks * constants()["LN_ELEMS_PER_THREAD"] // self.vec
 
-    def kernel(self, direction: str, atomics: bool = False) -> str:
+    def backward_launch(self) -> tuple[str, tuple, tuple, tuple]:
+        r"""Return the backward kernel's launch: name, grid, block, integer arguments.
+
+        The integer arguments follow the arrays (``dy, x, gamma, mean_hi,
+        mean_lo, rstd, dx`` and the two outputs: the partial buffers, or for
+        v3 ``dgamma`` and ``dbeta``): ``rows, D, rows_per_group`` and
+        ``row_groups`` (v3, v4) or ``group_threads`` (v5), as ``np.int32``.
+
+        Returns
+        -------
+        tuple
+            ``(kernel, (grid,), (block,), ints)``.
+
+        See Also
+        --------
+        lnorm.gpu.run.FusedLayerNorm.backward : Launches it on a GPU.
+        lnorm.gpu.host.HostLayerNorm.backward : Launches it on the CPU.
+
+        Examples
+        --------
+        >>> p = plan(8192, 4096, "float16", "v5")
+        >>> name, grid, block, ints = p.backward_launch()
+        >>> name, grid, block, [int(i) for i in ints]
+        ('ln_bwd_grouped_block_f16_v8', (128,), (512,), [8192, 4096, 32, 256])
+        """
+        last = self.threads_per_row if self.rung == "v5" else self.row_groups
+        ints = tuple(np.int32(i) for i in (self.rows, self.D, self.rows_per_group,
+                                            last))
+        return (self.kernel("backward"), (self.backward_grid,),
+                (self.backward_block or self.block,), ints)
+
+    def kernel(self, direction: str) -> str:
         r"""Return the name of the forward or backward kernel this plan launches.
 
-        The name is ``ln_{fwd|bwd}_{warp|block|long}_{f32|f16}_v{vec}``, or
-        ``ln_bwd_atomic_{warp|block}_...`` for the ladder's v3, the backward
-        that adds its column sums into dgamma and dbeta with atomics.
+        The name is ``ln_{fwd|bwd}_{warp|block|long}_{f32|f16}_v{vec}``; the
+        backward of v3 is ``ln_bwd_atomic_...``, of v5 ``ln_bwd_grouped_...``.
 
         Parameters
         ----------
         direction : {"forward", "backward"}
             Which pass.
-        atomics : bool, default False
-            The v3 backward (not deterministic) instead of the v4 one.
 
         Returns
         -------
@@ -514,9 +600,7 @@ class LaunchPlan:
         Raises
         ------
         ValueError
-            If ``direction`` is neither ``"forward"`` nor ``"backward"``, or
-            ``atomics`` is asked of the forward or of a row longer than
-            :func:`lnorm.gpu.kernels.max_D` (there is no such kernel).
+            If ``direction`` is neither ``"forward"`` nor ``"backward"``.
 
         See Also
         --------
@@ -530,23 +614,15 @@ class LaunchPlan:
         'ln_fwd_block_f16_v8'
         >>> plan(24, 12288, "float16").kernel("backward")
         'ln_bwd_long_f16_v8'
-        >>> plan(64, 7, "float32").kernel("backward", atomics=True)
+        >>> plan(64, 7, "float32", rung="v3").kernel("backward")
         'ln_bwd_atomic_warp_f32_v1'
         """
         if direction not in ("forward", "backward"):
             raise ValueError(
                 f"direction must be 'forward' or 'backward'; got {direction!r}."
             )
-        kind = "fwd" if direction == "forward" else "bwd"
+        kind = "fwd" if direction == "forward" else _KERNEL_PREFIX[self.rung]
         mapping = "long" if self.chunks > 1 else "block" if self.per_block else "warp"
-        if atomics:
-            if direction != "backward" or self.chunks > 1:
-                raise ValueError(
-                    "atomics=True: there is an atomic backward only, for rows of "
-                    f"at most max_D() = {max_D()}; got the {direction} at "
-                    f"D = {self.D}."
-                )
-            kind = "bwd_atomic"
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 
 
@@ -585,7 +661,7 @@ def _check_dtype(dtype, name: str) -> np.dtype:
     return dtype
 
 
-def plan(rows: int, D: int, dtype) -> LaunchPlan:
+def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     r"""Plan the launches for ``rows`` rows of length ``D`` stored as ``dtype``.
 
     Rows of up to ``32 * LN_ELEMS_PER_THREAD`` elements get one warp each
@@ -598,6 +674,13 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     ceil(rows / MAX_ROW_GROUPS))`` consecutive rows, or of ``LN_LONG_STRIP``
     rows for the long-row kernels (as many row groups as that takes).
 
+    The backward of v5 (``rung="v5"``) puts as many row groups in a block as
+    ``LN_MAX_ROW_THREADS`` threads hold (rows held by a block) or
+    ``LN_WARPS_PER_BLOCK`` (rows held by a warp), and doubles the strip from
+    16 rows until the partial sums, one row per block, are at most
+    :data:`lnorm.gpu.kernels.PARTIALS_BUDGET` of the bytes the backward must
+    move (``x`` and ``dy`` read, ``dx`` written). v3 has v4's strips.
+
     Parameters
     ----------
     rows : int
@@ -606,6 +689,9 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
         Row length, ``1 <= D <= MAX_ROW``.
     dtype : dtype-like
         Storage type: float32 or float16.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`); v3 and v5 only
+        for rows held in registers (``D <= max_D()``).
 
     Returns
     -------
@@ -615,7 +701,8 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     Raises
     ------
     ValueError
-        ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D > MAX_ROW``.
+        ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D > MAX_ROW``; a rung
+        not in ``RUNGS``, or v3 or v5 for ``D > max_D()``.
     TypeError
         ``dtype`` not float32 or float16.
 
@@ -637,7 +724,12 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
     >>> p = plan(300, 12288, "float32")  # longer than registers hold: in chunks
     >>> p.kernel("forward"), p.threads_per_row, p.chunks
     ('ln_fwd_long_f32_v4', 512, 2)
+    >>> p = plan(8192, 4096, "float16", rung="v5")  # two groups of 256 a block
+    >>> p.backward_block, p.rows_per_group, p.backward_grid, p.partial_rows
+    (512, 32, 128, 128)
     """
+    if rung not in RUNGS:
+        raise ValueError(f"rung must be one of {RUNGS}; got {rung!r}.")
     dtype = _check_dtype(dtype, "dtype")
     rows, D = int(rows), int(D)
     if rows < 0:
@@ -675,8 +767,22 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
         rows_per_group = c["LN_LONG_STRIP"]
     else:
         rows_per_group = max(MIN_ROWS_PER_GROUP, math.ceil(rows / MAX_ROW_GROUPS))
-    row_groups = math.ceil(rows / rows_per_group)
+    if rung != "v4" and chunks > 1:
+        raise ValueError(
+            f"rung {rung!r} has kernels for rows of at most max_D() = {max_D()}; "
+            f"got D = {D}. Use rung='v4', whose long-row kernels take any D."
+        )
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
+    backward_block = 0
+    if rung == "v5":
+        if per_block:
+            groups_per_block = c["LN_MAX_ROW_THREADS"] // threads
+            backward_block = groups_per_block * threads
+        # 16 bytes per column per partial row, against 3 * itemsize per element
+        while 16 / (groups_per_block * rows_per_group) > (
+                PARTIALS_BUDGET * 3 * dtype.itemsize):
+            rows_per_group *= 2
+    row_groups = math.ceil(rows / rows_per_group)
     backward_grid = math.ceil(row_groups / groups_per_block)
     return LaunchPlan(
         rows=rows,
@@ -691,6 +797,8 @@ def plan(rows: int, D: int, dtype) -> LaunchPlan:
         row_groups=row_groups,
         rows_per_group=rows_per_group,
         backward_grid=backward_grid,
+        rung=rung,
+        backward_block=backward_block,
     )
 
 
@@ -767,7 +875,8 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
     return plan(math.prod(x.shape[:-1]), D, dtype)
 
 
-def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd) -> LaunchPlan:
+def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,
+                        rung: str = "v4") -> LaunchPlan:
     r"""Validate backward arguments and return the plan.
 
     Parameters
@@ -778,11 +887,13 @@ def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd) -> LaunchPlan:
         The scale, of the dtype of ``x``.
     mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
         The row statistics, as the forward returns them.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        The backward kernel, as :func:`lnorm.gpu.kernels.plan` takes it.
 
     Returns
     -------
     LaunchPlan
-        The plan of ``x`` (as :func:`lnorm.gpu.kernels.check_forward_args`).
+        The plan of ``x`` for ``rung``.
 
     Raises
     ------
@@ -809,6 +920,8 @@ def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd) -> LaunchPlan:
     ValueError: rstd must have shape x.shape[:-1] = (3,), ...; got (2,).
     """
     p = check_forward_args(x, gamma, gamma)
+    if rung != p.rung:
+        p = plan(p.rows, p.D, p.dtype, rung)
     if tuple(dy.shape) != tuple(x.shape):
         raise ValueError(
             f"dy must have the shape of x, {tuple(x.shape)}; got {tuple(dy.shape)}."

@@ -173,6 +173,229 @@ LN_VARIANTS(LN_BACKWARD_KERNEL)
 
 LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 
+// ---- v5: row groups that share a block, and one partial row per block ----
+//
+// A block of LN_MAX_ROW_THREADS threads (rows held by a block) or of
+// LN_WARPS_PER_BLOCK warps (rows held by a warp) holds P = blockDim.x /
+// group_threads row groups, each with its strip of rows as in v4. When the
+// strips are done, the groups add their column sums in shared memory in the
+// order p = 0, 1, ..., P - 1, and the block writes one partial row: P times
+// fewer partial sums than v4 for as many groups at once. So that every thread
+// of the block reaches the barriers of the row sums, the groups step through
+// rows_per_group rows together; a row past a group's strip is inactive.
+//
+// The row step is v4's arithmetic, written once below for v5 alone: v4's
+// kernel keeps its own code, whose compiled form the H100 timed.
+
+// One row of the backward for one thread: read x and dy once, recompute
+// xhat in registers, make both row reductions with `row_sum`, write dx once,
+// and add this row's dy * xhat and dy into the thread's column sums. A row
+// that is not `active` (v5 pads a block's strips to one length) reads and
+// writes nothing and adds zeros to the row sums, which every thread of the
+// group still makes.
+template <typename T, int VEC, typename RowSum>
+__device__ __forceinline__ void backward_row(
+    const T* __restrict__ dy, const T* __restrict__ x,
+    const float* __restrict__ mean_hi, const float* __restrict__ mean_lo,
+    const float* __restrict__ rstd, T* __restrict__ dx, long long row, int D,
+    int t, int G, bool active, const float (&gam)[LN_ELEMS_PER_THREAD],
+    float (&dgamma_acc)[LN_ELEMS_PER_THREAD],
+    float (&dbeta_acc)[LN_ELEMS_PER_THREAD], RowSum row_sum_of)
+{
+    constexpr int E = LN_ELEMS_PER_THREAD;
+    constexpr int VPT = E / VEC;
+    const int nvec = D / VEC;
+    const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
+    const float rs = rstd[row];
+    const long long offset = row * D;
+
+    // Step 1: read x, dy once; xhat and g into registers; this thread's share
+    // of sum(g) and sum(g * xhat); the column partials.
+    float xhat[E], g[E];
+    float2 part = make_float2(0.0f, 0.0f);
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (active && v < nvec) {
+            float xv[VEC], dyv[VEC];
+            Vec<T, VEC>::load(x + offset + v * VEC, xv);
+            Vec<T, VEC>::load(dy + offset + v * VEC, dyv);
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) {
+                const int k = i * VEC + c;
+                xhat[k] = ((xv[c] - mu_hi) - mu_lo) * rs;
+                g[k] = gam[k] * dyv[c];
+                part.x += g[k];
+                part.y += g[k] * xhat[k];
+                dgamma_acc[k] += dyv[c] * xhat[k];
+                dbeta_acc[k] += dyv[c];
+            }
+        }
+    }
+
+    // Step 2: both row reductions in one pass of shuffles (and, for a
+    // block, one round through shared memory).
+    part = row_sum_of(part);
+    const float mean_g = part.x / (float)D;
+    const float mean_gxhat = part.y / (float)D;
+
+    // Step 3: dx from registers, written once.
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (active && v < nvec) {
+            float out[VEC];
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) {
+                const int k = i * VEC + c;
+                out[c] = ((g[k] - mean_g) - xhat[k] * mean_gxhat) * rs;
+            }
+            Vec<T, VEC>::store(dx + offset + v * VEC, out);
+        }
+    }
+}
+
+// gamma is the same for every row of a strip: read it once, keep it in
+// registers; and zero the column sums.
+template <typename T, int VEC>
+__device__ __forceinline__ void start_strip(
+    const T* __restrict__ gamma, int D, int t, int G,
+    float (&gam)[LN_ELEMS_PER_THREAD], float (&dgamma_acc)[LN_ELEMS_PER_THREAD],
+    float (&dbeta_acc)[LN_ELEMS_PER_THREAD])
+{
+    constexpr int E = LN_ELEMS_PER_THREAD;
+    constexpr int VPT = E / VEC;
+    const int nvec = D / VEC;
+#pragma unroll
+    for (int k = 0; k < E; ++k) dgamma_acc[k] = dbeta_acc[k] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (v < nvec) Vec<T, VEC>::load(gamma + v * VEC, &gam[i * VEC]);
+    }
+}
+
+// A thread's column sums, as one row of the (partial rows, D) buffers.
+template <int VEC>
+__device__ __forceinline__ void store_columns(
+    float* __restrict__ dgamma_row, float* __restrict__ dbeta_row, int D,
+    int t, int G, const float (&dgamma_acc)[LN_ELEMS_PER_THREAD],
+    const float (&dbeta_acc)[LN_ELEMS_PER_THREAD])
+{
+    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;
+    const int nvec = D / VEC;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (v < nvec) {
+            const int k = i * VEC;
+            Vec<float, VEC>::store(dgamma_row + v * VEC, dgamma_acc + k);
+            Vec<float, VEC>::store(dbeta_row + v * VEC, dbeta_acc + k);
+        }
+    }
+}
+
+// The row sum of one group of group_threads threads (whole warps) inside a
+// block of several: block_sum's order and its two barriers, with a slot per
+// warp and a result per group.
+template <typename V>
+__device__ __forceinline__ V group_sum(V v, int group_threads) {
+    __shared__ V warp_part[LN_MAX_ROW_THREADS / 32];
+    __shared__ V group_part[LN_MAX_ROW_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wpg = group_threads >> 5, group = warp / wpg, first = group * wpg;
+    v = warp_sum(v);
+    if (lane == 0) warp_part[warp] = v;
+    __syncthreads();
+    if (warp == first) {
+        V w = lane < wpg ? warp_part[first + lane] : zero_like(v);
+        w = warp_sum(w);
+        if (lane == 0) group_part[group] = w;
+    }
+    __syncthreads();
+    return group_part[group];
+}
+
+template <typename T, int VEC, bool PER_BLOCK>
+__device__ __forceinline__ void layernorm_backward_grouped(
+    const T* __restrict__ dy, const T* __restrict__ x,
+    const T* __restrict__ gamma, const float* __restrict__ mean_hi,
+    const float* __restrict__ mean_lo, const float* __restrict__ rstd,
+    T* __restrict__ dx,
+    float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
+    int rows, int D, int rows_per_group, int group_threads)
+{
+    constexpr int E = LN_ELEMS_PER_THREAD;
+    // One group's column sums on their way to group 0 (P > 1 only, so a
+    // group has at most half the largest block).
+    __shared__ float columns[2][E][LN_MAX_ROW_THREADS / 2];
+    const int G = group_threads, P = blockDim.x / G;
+    const int p = threadIdx.x / G, t = threadIdx.x % G;
+    const long long group = (long long)blockIdx.x * P + p;
+
+    float dgamma_acc[E], dbeta_acc[E], gam[E];
+    start_strip<T, VEC>(gamma, D, t, G, gam, dgamma_acc, dbeta_acc);
+
+    const long long first = group * rows_per_group;
+    const long long last = min(first + rows_per_group, (long long)rows);
+    for (int k = 0; k < rows_per_group; ++k) {
+        const bool active = first + k < last;
+        backward_row<T, VEC>(
+            dy, x, mean_hi, mean_lo, rstd, dx, active ? first + k : 0, D, t, G,
+            active, gam, dgamma_acc, dbeta_acc, [G](float2 v) {
+                if constexpr (PER_BLOCK) return group_sum(v, G);
+                else return warp_sum(v);
+            });
+    }
+
+    // Step 4: group q hands its column sums to group 0, q = 1, ..., P - 1 in
+    // order; then group 0 writes the block's row of the partial buffers.
+    for (int q = 1; q < P; ++q) {
+        if (p == q) {
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                columns[0][k][t] = dgamma_acc[k];
+                columns[1][k][t] = dbeta_acc[k];
+            }
+        }
+        __syncthreads();
+        if (p == 0) {
+#pragma unroll
+            for (int k = 0; k < E; ++k) {
+                dgamma_acc[k] += columns[0][k][t];
+                dbeta_acc[k] += columns[1][k][t];
+            }
+        }
+        __syncthreads();
+    }
+    if (p == 0)
+        store_columns<VEC>(dgamma_part + blockIdx.x * (long long)D,
+                           dbeta_part + blockIdx.x * (long long)D, D, t, G,
+                           dgamma_acc, dbeta_acc);
+}
+
+// v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
+// group_threads threads; the partial buffers have one row per block.
+#define LN_BACKWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)   \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \
+                            const T* __restrict__ x,                         \
+                            const T* __restrict__ gamma,                     \
+                            const float* __restrict__ mean_hi,               \
+                            const float* __restrict__ mean_lo,               \
+                            const float* __restrict__ rstd,                  \
+                            T* __restrict__ dx,                              \
+                            float* __restrict__ dgamma_part,                 \
+                            float* __restrict__ dbeta_part,                  \
+                            int rows, int D, int rows_per_group,             \
+                            int group_threads) {                             \
+        layernorm_backward_grouped<T, VEC, PER_BLOCK>(                       \
+            dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,           \
+            dbeta_part, rows, D, rows_per_group, group_threads);             \
+    }
+
+LN_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
+
 // Second kernel: dgamma[j] = sum over p of dgamma_part[p, j] (dbeta alike).
 // A block is 32 columns x LN_REDUCE_SLICES threads: thread (j, s) sums rows
 // p = s, s + SLICES, ... in order (reads coalesced along j); then the slices

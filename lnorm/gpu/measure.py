@@ -92,8 +92,9 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
         One entry per shape and dtype: ``rows``, ``D``, ``dtype``, the bytes
         each direction moves, and either the plan (``kernel_forward``,
         ``kernel_backward``, ``block``, grids, ``row_groups``,
-        ``rows_per_group``, ``partials_bytes``) or ``unsupported`` (the
-        message of :func:`lnorm.gpu.kernels.plan`).
+        ``rows_per_group``, ``partials_bytes``, and for rows held in
+        registers ``rungs``: the backward of v3 and v5) or ``unsupported``
+        (the message of :func:`lnorm.gpu.kernels.plan`).
 
     See Also
     --------
@@ -108,6 +109,9 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
     float16 ln_fwd_block_f16_v8 64 25234432
     >>> plan_launches(((8192, 12288),), ("float32",))[0]["kernel_backward"]
     'ln_bwd_long_f32_v4'
+    >>> v5 = plan_launches(((8192, 4096),), ("float16",))[0]["rungs"]["v5"]
+    >>> v5["kernel_backward"], v5["backward_block"], v5["partials_bytes"]
+    ('ln_bwd_grouped_block_f16_v8', 512, 8388608)
     >>> plan_launches(((2**31, 64),), ("float32",))[0]["unsupported"][:28]
     'rows must be below 2**31 (th'
     """
@@ -128,6 +132,16 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
                              backward_grid=p.backward_grid, row_groups=p.row_groups,
                              rows_per_group=p.rows_per_group,
                              partials_bytes=p.partials_bytes)
+                if p.chunks == 1:  # the other rungs' backward
+                    entry["rungs"] = {}
+                    for rung in ("v3", "v5"):
+                        q = plan(rows, D, dtype, rung)
+                        entry["rungs"][rung] = {
+                            "kernel_backward": q.kernel("backward"),
+                            "backward_block": q.backward_block or q.block,
+                            "backward_grid": q.backward_grid,
+                            "rows_per_group": q.rows_per_group,
+                            "partials_bytes": q.partials_bytes}
             out.append(entry)
     return out
 
@@ -412,9 +426,9 @@ def bit_checks(fused) -> list[dict]:
     -------
     list of dict
         Per shape and dtype: ``rows``, ``D``, ``dtype``, ``bytes_differing``
-        (per output) and ``equal``; and ``v3``, where the row fits in
-        registers: :func:`lnorm.gpu.check.atomic_check` of the backward with
-        atomics.
+        (per output) and ``equal``; and, where the row fits in registers,
+        ``v3`` (:func:`lnorm.gpu.check.atomic_check` of the backward with
+        atomics) and ``v5_equal`` (v5's backward, bit for bit).
 
     See Also
     --------
@@ -441,6 +455,12 @@ def bit_checks(fused) -> list[dict]:
                         "equal": all(v == 0 for v in diff.values())})
             if D <= max_D():  # v3: dx bit for bit, dgamma and dbeta to a bound
                 out[-1]["v3"] = check.atomic_check(fused.backward, inp)
+                args = (inp["dy"], inp["x"], inp["gamma"],
+                        *(want[k] for k in ("mean_hi", "mean_lo", "rstd")))
+                v5 = [check._host(a) for a in fused.backward(*args, rung="v5")]
+                out[-1]["v5_equal"] = all(
+                    a.tobytes() == b.tobytes()
+                    for a, b in zip(v5, emulate.backward(*args, rung="v5")))
     return out
 
 
@@ -500,15 +520,17 @@ def offset_sweep(run, D: int = 1024, rows: int = 64,
 
 
 def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
-               rungs=("v1", "v3", "v4")) -> list[dict]:
+               rungs=("v1", "v3", "v4", "v5")) -> list[dict]:
     r"""Time every rung at every shape: seconds, and bandwidth of the bytes moved.
 
     Needs a GPU. For each entry of :func:`lnorm.gpu.measure.plan_launches`,
     the forward and the backward of each rung (``"v1"``: the op-by-op CuPy
     version; ``"v4"``: the fused kernels, where the plan takes the shape;
-    ``"v3"``: the backward with atomics, up to ``max_D()``, whose forward is
-    v4's and is not timed again), each with L2 flushed before every call when
-    the op moves fewer than :data:`lnorm.gpu.measure.L2_FLUSH_BELOW` bytes.
+    ``"v3"``, ``"v5"``: the backward with atomics, and with a block's row
+    groups adding their column sums first, up to ``max_D()``, whose forward
+    is v4's and is not timed again), each with L2 flushed before every call
+    when the op moves fewer than :data:`lnorm.gpu.measure.L2_FLUSH_BELOW`
+    bytes.
 
     Parameters
     ----------
@@ -522,7 +544,7 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         ``(rows, D)`` pairs.
     dtypes : sequence of str, default DTYPES
         Storage types.
-    rungs : tuple of str, default ("v1", "v3", "v4")
+    rungs : tuple of str, default ("v1", "v3", "v4", "v5")
         Which versions to time.
 
     Returns
@@ -551,9 +573,10 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         todo = {"v1": (unfused_forward, unfused_backward)}
         if "unsupported" not in entry:
             todo["v4"] = (fused.forward, fused.backward)
-            if D <= max_D():
-                todo["v3"] = (fused.forward, functools.partial(fused.backward,
-                                                               atomics=True))
+            if D <= max_D():  # v3 and v5: their own backward, v4's forward
+                for rung in ("v3", "v5"):
+                    todo[rung] = (fused.forward,
+                                  functools.partial(fused.backward, rung=rung))
         for rung, (fwd, bwd) in todo.items():
             if rung not in rungs:
                 continue
@@ -561,7 +584,7 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
             args_b = (inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
             for direction, fn, args in (("forward", fwd, args_f),
                                         ("backward", bwd, args_b)):
-                if rung == "v3" and direction == "forward":
+                if rung in ("v3", "v5") and direction == "forward":
                     continue
                 nbytes = entry[f"bytes_{direction}"]
                 t = timer(fn, *args, flush=nbytes < L2_FLUSH_BELOW)

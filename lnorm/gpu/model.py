@@ -121,8 +121,10 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: them (``lnorm.gpu.ptx.ptxas_usage``; chapter 6 prints the current values).
 #: Used when ptxas is not installed.
 #: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
-#: ``"fwd_long"``, ``"bwd_long"``: those of longer rows.
-REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93}
+#: ``"fwd_long"``, ``"bwd_long"``: those of longer rows; ``"bwd_atomic"``,
+#: ``"bwd_grouped"``: the backward of v3 and of v5.
+REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
+             "bwd_atomic": 109, "bwd_grouped": 119}
 
 
 def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> int:
@@ -263,7 +265,7 @@ class Prediction:
 
 def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
             registers: int | None = None, rows_in_flight: int = 1,
-            atomics: bool = False, rows_per_group: int | None = None) -> Prediction:
+            rung: str = "v4", rows_per_group: int | None = None) -> Prediction:
     r"""Predict the time of the fused forward or backward (both kernels) at one shape.
 
     ``time = steps * (C * b_row / B + L) + launch overhead``, with the terms
@@ -287,10 +289,12 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         Rows whose loads a group keeps outstanding: 1 is the kernels here;
         2 models prefetching the next row, which hides the latency ``L`` of
         all but every second step.
-    atomics : bool, default False
-        The backward of the ladder's v3: the column sums go into dgamma and
-        dbeta by atomics (in L2), so no partial sums through DRAM and no
-        second stage. Optimistic: it charges nothing for the atomics.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds the
+        column sums into dgamma and dbeta by atomics (in L2): no partial sums
+        through DRAM and no second stage; the model charges nothing for the
+        atomics. v5 has its plan's blocks of several row groups and one
+        partial row per block.
     rows_per_group : int, optional
         The backward's strip (default: the plan's): fewer, longer strips
         write fewer partial sums but leave fewer row groups to run at once.
@@ -305,9 +309,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     Raises
     ------
     ValueError, TypeError
-        A shape or dtype :func:`lnorm.gpu.kernels.plan` refuses; ``atomics``
-        or ``rows_per_group`` with the forward or a row longer than
-        :func:`lnorm.gpu.kernels.max_D`; ``rows_per_group`` below 1; or
+        A shape, dtype or rung :func:`lnorm.gpu.kernels.plan` refuses; a rung
+        or ``rows_per_group`` with the forward, or ``rows_per_group`` with a
+        row longer than :func:`lnorm.gpu.kernels.max_D` or below 1; or
         ``registers`` more than one block of the plan can have.
 
     See Also
@@ -322,7 +326,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     (134299648, 792, 11)
     >>> predict("forward", 8192, 4096, "float16", rows_in_flight=2).time < fwd.time
     True
-    >>> v3 = predict("backward", 8192, 4096, "float16", atomics=True)
+    >>> v3 = predict("backward", 8192, 4096, "float16", rung="v3")
     >>> v4 = predict("backward", 8192, 4096, "float16")
     >>> v3.bytes_moved == v3.bytes, v3.time < v4.time
     (True, True)
@@ -330,36 +334,38 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     >>> (long.bytes_moved - long.bytes) / (v4.bytes_moved - v4.bytes)  # 128 strips
     0.25
     """
-    p = plan(rows, D, dtype)
+    if direction == "forward" and (rung != "v4" or rows_per_group is not None):
+        raise ValueError(
+            f"rung and rows_per_group are the backward's; got rung={rung!r}, "
+            f"rows_per_group={rows_per_group!r} for the forward."
+        )
+    p = plan(rows, D, dtype, rung)
     itemsize = p.dtype.itemsize
-    short = "fwd" if direction == "forward" else "bwd"
+    short = "fwd" if direction == "forward" else {
+        "v3": "bwd_atomic", "v4": "bwd", "v5": "bwd_grouped"}[rung]
     regs = registers or REGISTERS[short + ("_long" if p.chunks > 1 else "")]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
-    if direction == "forward":
-        groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
-        extra = 0
-    else:
-        groups, per_group = p.row_groups, p.rows_per_group
-        per_block = 1 if p.per_block else 4
-        extra = 0 if atomics else p.partials_bytes
-    if atomics and (direction != "backward" or p.chunks > 1):
-        raise ValueError(
-            "atomics=True models v3, the backward of rows up to max_D()."
-        )
     if rows_per_group is not None:
-        if direction != "backward" or p.chunks > 1 or rows_per_group < 1:
+        if p.chunks > 1 or rows_per_group < 1:
             raise ValueError(
                 "rows_per_group must be a positive int, for the backward of rows "
-                f"up to max_D(); got {rows_per_group!r} ({direction}, D = {D})."
+                f"up to max_D(); got {rows_per_group!r} (D = {D})."
             )
-        groups, per_group = max(math.ceil(rows / rows_per_group), 1), rows_per_group
-        p = replace(p, rows_per_group=per_group, row_groups=groups)
-        extra = 0 if atomics else p.partials_bytes
-    blocks_per_sm = occupancy(p.block, regs, device)
+        groups = max(math.ceil(rows / rows_per_group), 1)
+        p = replace(p, rows_per_group=rows_per_group, row_groups=groups,
+                    backward_grid=math.ceil(groups / p.groups_per_block))
+    if direction == "forward":
+        groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
+        block, extra = p.block, 0
+    else:
+        groups, per_group = p.row_groups, p.rows_per_group
+        per_block, block = p.groups_per_block, p.backward_block or p.block
+        extra = p.partials_bytes
+    blocks_per_sm = occupancy(block, regs, device)
     if blocks_per_sm == 0:
         raise ValueError(
-            f"a block of {p.block} threads with {regs} registers each does not fit "
+            f"a block of {block} threads with {regs} registers each does not fit "
             f"on one SM of {device.name}."
         )
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
@@ -384,7 +390,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     t_step = concurrent * b_row / device.bandwidth + exposed
     steps = math.ceil(groups / concurrent) * per_group if rows else 0
     time = steps * t_step + device.launch_overhead
-    if direction == "backward" and not atomics:
+    if direction == "backward" and p.partial_rows:
         # Second stage: read the partial sums once, at copy speed, plus its latency.
         time += (p.partials_bytes / 2 / device.bandwidth + device.latency
                  + device.launch_overhead)

@@ -219,12 +219,12 @@ class FusedLayerNorm:
         return y, hi, lo, rstd
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
-                 atomics: bool = False) -> tuple:
+                 rung: str = "v4") -> tuple:
         r"""Run the fused backward, then the deterministic reduction of dgamma, dbeta.
 
         Two launches: the backward kernel writes ``dx`` and the
-        ``(row_groups, D)`` partial sums, ``ln_bwd_reduce_params`` adds them in
-        a fixed order (no atomics). With ``atomics=True``, the ladder's v3:
+        ``(partial_rows, D)`` partial sums, ``ln_bwd_reduce_params`` adds them
+        in a fixed order (no atomics). With ``rung="v3"``, the ladder's v3:
         zero ``dgamma`` and ``dbeta``, and one kernel adds every group's column
         sums into them with ``atomicAdd``, in the order the groups finish.
 
@@ -236,10 +236,11 @@ class FusedLayerNorm:
             The scale.
         mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
             As :meth:`lnorm.gpu.run.FusedLayerNorm.forward` returns them.
-        atomics : bool, default False
-            Run v3 (rows up to :func:`lnorm.gpu.kernels.max_D`): ``dx`` has
-            the same bits, ``dgamma`` and ``dbeta`` may differ in their last
-            bits from run to run.
+        rung : {"v4", "v3", "v5"}, default "v4"
+            The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`; v3 and v5
+            for rows up to :func:`lnorm.gpu.kernels.max_D`). v3's ``dx`` has
+            v4's bits, its ``dgamma`` and ``dbeta`` may differ in their last
+            bits from run to run; v5's equal :mod:`lnorm.gpu.emulate`'s.
 
         Returns
         -------
@@ -276,35 +277,29 @@ class FusedLayerNorm:
         cp = self._cp
         dy, x, gamma, mean_hi, mean_lo, rstd = (
             self._as_device(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd))
-        p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd)
+        p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung)
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows
             return dx, cp.zeros(p.D, dtype=cp.float32), cp.zeros(p.D, dtype=cp.float32)
-        args = (np.int32(p.rows), np.int32(p.D), np.int32(p.rows_per_group),
-                np.int32(p.row_groups))
-        if atomics:
+        name, grid, block, ints = p.backward_launch()
+        ins = (dy, x, gamma, mean_hi, mean_lo, rstd, dx)
+        if rung == "v3":  # into dgamma and dbeta, which start at zero
             dgamma = cp.zeros(p.D, dtype=cp.float32)
             dbeta = cp.zeros(p.D, dtype=cp.float32)
-            self._functions[p.kernel("backward", atomics=True)](
-                (p.backward_grid,), (p.block,),
-                (dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma, dbeta, *args))
+            self._functions[name](grid, block, (*ins, dgamma, dbeta, *ints))
             return dx, dgamma, dbeta
         # The reduction kernel writes every column: no zero fill, which would
         # be two more launches inside every timed call.
         dgamma = cp.empty(p.D, dtype=cp.float32)
         dbeta = cp.empty(p.D, dtype=cp.float32)
-        dgamma_part = cp.empty((p.row_groups, p.D), dtype=cp.float32)
-        dbeta_part = cp.empty((p.row_groups, p.D), dtype=cp.float32)
-        self._functions[p.kernel("backward")](
-            (p.backward_grid,),
-            (p.block,),
-            (dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part, dbeta_part, *args),
-        )
+        dgamma_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
+        dbeta_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
+        self._functions[name](grid, block, (*ins, dgamma_part, dbeta_part, *ints))
         slices = constants()["LN_REDUCE_SLICES"]
         self._functions["ln_bwd_reduce_params"](
             (math.ceil(p.D / 32),),
             (32, slices),
-            (dgamma_part, dbeta_part, np.int32(p.row_groups), np.int32(p.D), dgamma,
+            (dgamma_part, dbeta_part, np.int32(p.partial_rows), np.int32(p.D), dgamma,
              dbeta),
         )
         return dx, dgamma, dbeta
