@@ -410,10 +410,10 @@ def test_main_kernels_touch_each_element_once(compiled):
 
 
 def test_grouped_backward_is_v4_with_block_partials(compiled):
-    """v5: v4's loads, stores and shuffles per row; the partial row written once
-    per block (after the groups' hand-over, outside the row loop); two barriers
-    per row sum, and two per hand-over round; the hand-over buffer in shared
-    memory."""
+    """v5: v4's loads, stores and shuffles per row, the rows' with a streaming
+    hint; the partial row written once per block (after the groups' hand-over,
+    outside the row loop); two barriers per row sum, and two per hand-over
+    round; the hand-over buffer in shared memory."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if GROUPED.fullmatch(n)}
     assert len(grouped) == 8
@@ -424,6 +424,12 @@ def test_grouped_backward_is_v4_with_block_partials(compiled):
                 assert r.per_argument(kind, in_loop=in_loop) == v4.per_argument(
                     kind, in_loop=in_loop), (name, kind, in_loop)
         assert r.count("shfl.sync.bfly") == v4.count("shfl.sync.bfly"), name
+        # x, dy and dx, read or written once, with the streaming hint; nothing
+        # else (gamma, the statistics, the partial sums), and nothing in v4
+        loads = r.per_argument("ld", in_loop=True)
+        assert r.count("ld.global.cs") == loads["x"][0] + loads["dy"][0], name
+        assert r.count("st.global.cs") == r.per_argument("st", in_loop=True)["dx"][0]
+        assert v4.count("ld.global.cs") == v4.count("st.global.cs") == 0
         hand_over = 2 * 4 * C["LN_ELEMS_PER_THREAD"] * C["LN_MAX_ROW_THREADS"] // 2
         if GROUPED.fullmatch(name).group(1) == "block":
             assert r.count("bar.sync") == 2 + 2, name

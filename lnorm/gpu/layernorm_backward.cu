@@ -192,7 +192,7 @@ LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 // and add this row's dy * xhat and dy into the thread's column sums. A row
 // that is not `active` (v5 pads a block's strips to one length) reads and
 // writes nothing and adds zeros to the row sums, which every thread of the
-// group still makes.
+// group still makes. x, dy and dx stream (VecStream: read or written once).
 template <typename T, int VEC, typename RowSum>
 __device__ __forceinline__ void backward_row(
     const T* __restrict__ dy, const T* __restrict__ x,
@@ -218,8 +218,8 @@ __device__ __forceinline__ void backward_row(
         const int v = t + i * G;
         if (active && v < nvec) {
             float xv[VEC], dyv[VEC];
-            Vec<T, VEC>::load(x + offset + v * VEC, xv);
-            Vec<T, VEC>::load(dy + offset + v * VEC, dyv);
+            VecStream<T, VEC>::load(x + offset + v * VEC, xv);
+            VecStream<T, VEC>::load(dy + offset + v * VEC, dyv);
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
                 const int k = i * VEC + c;
@@ -250,7 +250,7 @@ __device__ __forceinline__ void backward_row(
                 const int k = i * VEC + c;
                 out[c] = ((g[k] - mean_g) - xhat[k] * mean_gxhat) * rs;
             }
-            Vec<T, VEC>::store(dx + offset + v * VEC, out);
+            VecStream<T, VEC>::store(dx + offset + v * VEC, out);
         }
     }
 }

@@ -116,25 +116,32 @@ template <> struct Vec<float, 1> {
 // Eight float16 in one 16-byte load (uint4), the lower address in the low
 // half of each 32-bit word: the float16 rows move 16 bytes per instruction,
 // as the float32 rows do.
+__device__ __forceinline__ void unpack_halves(const uint4 v, float* out) {
+    const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        out[2 * j] = half_to_float((half_bits)(w[j] & 0xffffu));
+        out[2 * j + 1] = half_to_float((half_bits)(w[j] >> 16));
+    }
+}
+
+__device__ __forceinline__ uint4 pack_halves(const float* in) {
+    unsigned int w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        w[j] = (unsigned int)float_to_half(in[2 * j])
+               | ((unsigned int)float_to_half(in[2 * j + 1]) << 16);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 template <> struct Vec<half_bits, 8> {
     static __device__ __forceinline__ void load(const half_bits* p,
                                                 float* out) {
-        const uint4 v = *reinterpret_cast<const uint4*>(p);
-        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            out[2 * j] = half_to_float((half_bits)(w[j] & 0xffffu));
-            out[2 * j + 1] = half_to_float((half_bits)(w[j] >> 16));
-        }
+        unpack_halves(*reinterpret_cast<const uint4*>(p), out);
     }
     static __device__ __forceinline__ void store(half_bits* p,
                                                  const float* in) {
-        unsigned int w[4];
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-            w[j] = (unsigned int)float_to_half(in[2 * j])
-                   | ((unsigned int)float_to_half(in[2 * j + 1]) << 16);
-        *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+        *reinterpret_cast<uint4*>(p) = pack_halves(in);
     }
 };
 
@@ -146,6 +153,54 @@ template <> struct Vec<half_bits, 1> {
     static __device__ __forceinline__ void store(half_bits* p,
                                                  const float* in) {
         *p = float_to_half(in[0]);
+    }
+};
+
+// Streaming variants of the loads and stores of the rows, for data read or
+// written once (x, dy, dx in v5's backward): the same instructions with the
+// .cs ("evict first") cache hint, so the rows do not push out of L2 what is
+// used again (gamma, the row statistics, the partial sums).
+template <typename T, int VEC> struct VecStream;
+
+template <> struct VecStream<float, 4> {
+    static __device__ __forceinline__ void load(const float* p, float* out) {
+        const float4 v = __ldcs(reinterpret_cast<const float4*>(p));
+        out[0] = v.x; out[1] = v.y; out[2] = v.z; out[3] = v.w;
+    }
+    static __device__ __forceinline__ void store(float* p, const float* in) {
+        __stcs(reinterpret_cast<float4*>(p),
+               make_float4(in[0], in[1], in[2], in[3]));
+    }
+};
+
+template <> struct VecStream<float, 1> {
+    static __device__ __forceinline__ void load(const float* p, float* out) {
+        out[0] = __ldcs(p);
+    }
+    static __device__ __forceinline__ void store(float* p, const float* in) {
+        __stcs(p, in[0]);
+    }
+};
+
+template <> struct VecStream<half_bits, 8> {
+    static __device__ __forceinline__ void load(const half_bits* p,
+                                                float* out) {
+        unpack_halves(__ldcs(reinterpret_cast<const uint4*>(p)), out);
+    }
+    static __device__ __forceinline__ void store(half_bits* p,
+                                                 const float* in) {
+        __stcs(reinterpret_cast<uint4*>(p), pack_halves(in));
+    }
+};
+
+template <> struct VecStream<half_bits, 1> {
+    static __device__ __forceinline__ void load(const half_bits* p,
+                                                float* out) {
+        out[0] = half_to_float(__ldcs(p));
+    }
+    static __device__ __forceinline__ void store(half_bits* p,
+                                                 const float* in) {
+        __stcs(p, float_to_half(in[0]));
     }
 };
 

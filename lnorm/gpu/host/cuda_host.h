@@ -90,6 +90,9 @@ inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 // The GPU's rsqrtf is approximate (not correctly rounded): results differ.
 inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
 template <class T> inline T __ldg(const T* p) { return *p; }
+// The cache hints of streaming loads and stores mean nothing here.
+template <class T> inline T __ldcs(const T* p) { return *p; }
+template <class T> inline void __stcs(T* p, T v) { *p = v; }
 inline float atomicAdd(float* address, float value) {
     return std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
 }
@@ -156,7 +159,10 @@ struct Group {
         }
         const auto start = std::chrono::steady_clock::now();
         while (gen.load(std::memory_order_acquire) == mine) {
-            if (exited.load())
+            // An exit is an error only while the step is still open: once the
+            // last thread has arrived, the others may run on and leave the
+            // block before this one sees the new step.
+            if (exited.load() && gen.load(std::memory_order_acquire) == mine)
                 fail("%s: %d of %d threads exited before reaching it", what, exited.load(), size);
             const double left = timeout_s() - std::chrono::duration<double>(
                 std::chrono::steady_clock::now() - start).count();
