@@ -662,8 +662,9 @@ def launch_only(fused) -> int:
 
     Needs a GPU. Forward and backward at no rows, one element, rows shorter
     than a vector, and :data:`lnorm.gpu.check.SHAPES`, in every dtype of
-    :data:`lnorm.gpu.measure.DTYPES`; nothing is compared: the sanitizer
-    watches the memory accesses.
+    :data:`lnorm.gpu.measure.DTYPES`, and the backward of v3 and v5 where
+    the row fits in registers; nothing is compared: the sanitizer watches
+    the memory accesses.
 
     Parameters
     ----------
@@ -673,7 +674,8 @@ def launch_only(fused) -> int:
     Returns
     -------
     int
-        Forward-backward pairs launched.
+        Forward-backward pairs launched (v4; v3's and v5's backwards not
+        counted).
 
     See Also
     --------
@@ -695,8 +697,13 @@ def launch_only(fused) -> int:
     for rows, D in ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES):
         for dtype in DTYPES:
             inp = check.make_inputs(rows, D, dtype, seed=1)
-            check.forward_backward(fused.forward, fused.backward, inp)
+            out = check.forward_backward(fused.forward, fused.backward, inp)
             n += 1
+            if D <= max_D():
+                stats = (out[k] for k in ("mean_hi", "mean_lo", "rstd"))
+                args = (inp["dy"], inp["x"], inp["gamma"], *stats)
+                for rung in ("v3", "v5"):
+                    fused.backward(*args, rung=rung)
     cp.cuda.get_current_stream().synchronize()
     return n
 
