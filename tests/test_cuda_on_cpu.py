@@ -77,10 +77,10 @@ def assert_same_bits(
         np.testing.assert_array_equal(gb, wb, err_msg=f"{k}, {what}")
 
 
-def run_both(host, inp: dict) -> tuple[dict, dict]:
+def run_both(host, inp: dict, rung: str = "v4") -> tuple[dict, dict]:
     with np.errstate(all="ignore"):
-        want = check.forward_backward(emulate.forward, emulate.backward, inp)
-    return check.forward_backward(host.forward, host.backward, inp), want
+        want = check.forward_backward(emulate.forward, emulate.backward, inp, rung)
+    return check.forward_backward(host.forward, host.backward, inp, rung), want
 
 
 #: v3, the backward with atomics: (rows, D) of every mapping and load width,
@@ -116,16 +116,11 @@ def test_shapes_reach_every_kernel_variant():
 def test_grouped_backward_v5_equals_emulation_bit_for_bit(host, rows, D, dtype):
     inp = check.make_inputs(rows, D, dtype, seed=D)
     inp["x"][1, 0] = np.nan  # stays in its row; its column's sums turn NaN
+    got, want = run_both(host, inp, "v5")
+    assert_same_bits(got, want, f"v5, rows={rows}, D={D}, {dtype}", nan_payload=False)
     with np.errstate(all="ignore"):
-        stats = emulate.forward(inp["x"], inp["gamma"], inp["beta"])[1:]
-        args = (inp["dy"], inp["x"], inp["gamma"], *stats)
-        want = emulate.backward(*args, rung="v5")
-    got = host.backward(*args, rung="v5")
-    names = ("dx", "dgamma", "dbeta")
-    assert_same_bits(dict(zip(names, got)), dict(zip(names, want)),
-                     f"v5, rows={rows}, D={D}, {dtype}", nan_payload=False)
-    v4 = emulate.backward(*args)
-    assert got[0].tobytes() == v4[0].tobytes()  # dx: v4's arithmetic
+        v4 = check.forward_backward(emulate.forward, emulate.backward, inp)
+    assert got["dx"].tobytes() == v4["dx"].tobytes()  # dx: v4's arithmetic
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
@@ -140,12 +135,8 @@ def test_atomic_backward_v3(host, rows, D, dtype):
     r = check.atomic_check(host.backward, inp)
     assert r["dx_equal"] and r["within"], r
     if p.per_block:
-        got, want = run_both(host, inp)
-        stats = [want[k] for k in ("mean_hi", "mean_lo", "rstd")]
-        args = (inp["dy"], inp["x"], inp["gamma"], *stats)
-        v3 = host.backward(*args, rung="v3")
-        in_order = emulate.backward(*args, rung="v3")
-        assert all(a.tobytes() == b.tobytes() for a, b in zip(v3, in_order))
+        got, in_order = run_both(host, inp, "v3")
+        assert_same_bits(got, in_order, f"v3, rows={rows}, D={D}, {dtype}")
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])

@@ -725,12 +725,10 @@ def test_atomic_backward_v3_on_the_gpu(fused, rows, D, dtype):
 @pytest.mark.parametrize("rows, D", [(5000, 64), (300, 768), (100, 1027), (8192, 4096)])
 def test_grouped_backward_v5_on_the_gpu(fused, rows, D, dtype):
     inp = check.make_inputs(rows, D, dtype, seed=D)
-    stats = fused.forward(inp["x"], inp["gamma"], inp["beta"])[1:]
-    args = (inp["dy"], inp["x"], inp["gamma"])
-    got = fused.backward(*args, *stats, rung="v5")
-    want = emulate.backward(*args, *(s.get() for s in stats), rung="v5")
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g.get(), w)
+    got = check.forward_backward(fused.forward, fused.backward, inp, "v5")
+    want = check.forward_backward(emulate.forward, emulate.backward, inp, "v5")
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 @needs_gpu

@@ -85,7 +85,8 @@ def make_inputs(rows: int, D: int, dtype, seed: int = 0) -> dict[str, np.ndarray
     return dict(zip(("x", "gamma", "beta", "dy"), bench_inputs((rows, D), dtype, seed)))
 
 
-def forward_backward(forward, backward, inputs: dict) -> dict[str, np.ndarray]:
+def forward_backward(forward, backward, inputs: dict,
+                     rung: str = "v4") -> dict[str, np.ndarray]:
     r"""Run ``forward`` then ``backward`` on ``inputs``; every result on the host.
 
     Parameters
@@ -99,6 +100,9 @@ def forward_backward(forward, backward, inputs: dict) -> dict[str, np.ndarray]:
     inputs : dict
         ``x``, ``gamma``, ``beta``, ``dy`` (NumPy or CuPy arrays), as
         :func:`lnorm.gpu.check.make_inputs` makes them.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        Passed to ``backward`` as ``rung=`` unless it is the default (the
+        op-by-op backward takes no rung).
 
     Returns
     -------
@@ -120,7 +124,8 @@ def forward_backward(forward, backward, inputs: dict) -> dict[str, np.ndarray]:
     """
     x, gamma = inputs["x"], inputs["gamma"]
     y, hi, lo, rstd = forward(x, gamma, inputs["beta"])
-    dx, dgamma, dbeta = backward(inputs["dy"], x, gamma, hi, lo, rstd)
+    rung_arg = {} if rung == "v4" else {"rung": rung}
+    dx, dgamma, dbeta = backward(inputs["dy"], x, gamma, hi, lo, rstd, **rung_arg)
     out = {"y": y, "mean_hi": hi, "mean_lo": lo, "rstd": rstd, "dx": dx,
            "dgamma": dgamma, "dbeta": dbeta}
     return {k: _host(v) for k, v in out.items()}

@@ -617,7 +617,8 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
 
     Every output of the forward and the backward, at every shape and dtype;
     where they exist, v5's backward bit for bit, and v3's (the backward with
-    atomics): its ``dx`` bit for bit, its ``dgamma`` and ``dbeta`` to 1e-5.
+    atomics) as :func:`lnorm.gpu.check.atomic_check` checks it: ``dx`` bit
+    for bit, ``dgamma`` and ``dbeta`` within the bound for any order.
     Prints one line when all hold.
 
     Parameters
@@ -656,31 +657,22 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
     True
     """
     from . import emulate
-    from .check import forward_backward, make_inputs
+    from .check import atomic_check, forward_backward, make_inputs
     host = HostLayerNorm(flags, source_dir)
     for rows, D in shapes:
         for dtype in dtypes:
             inp = make_inputs(rows, D, dtype)
-            got = forward_backward(host.forward, host.backward, inp)
-            want = forward_backward(emulate.forward, emulate.backward, inp)
-            for k, w in want.items():
-                bits = np.dtype(f"uint{8 * w.dtype.itemsize}")
-                np.testing.assert_array_equal(
-                    got[k].view(bits), w.view(bits),
-                    err_msg=f"{k}, rows={rows}, D={D}, {dtype}")
-            if D <= max_D():  # v5 bit for bit; v3, the atomics: dgamma nearly
-                args = (inp["dy"], inp["x"], inp["gamma"],
-                        *(want[k] for k in ("mean_hi", "mean_lo", "rstd")))
-                v5 = host.backward(*args, rung="v5")
-                for a, b in zip(v5, emulate.backward(*args, rung="v5")):
+            for rung in ("v4", "v5") if D <= max_D() else ("v4",):
+                got = forward_backward(host.forward, host.backward, inp, rung)
+                want = forward_backward(emulate.forward, emulate.backward, inp, rung)
+                for k, w in want.items():
+                    bits = np.dtype(f"uint{8 * w.dtype.itemsize}")
                     np.testing.assert_array_equal(
-                        a.view(f"u{a.itemsize}"), b.view(f"u{b.itemsize}"),
-                        err_msg=f"v5, rows={rows}, D={D}, {dtype}")
-                dx, dgamma, dbeta = host.backward(*args, rung="v3")
-                np.testing.assert_array_equal(dx, want["dx"], err_msg=f"v3 dx, {D}")
-                for k, a in (("dgamma", dgamma), ("dbeta", dbeta)):
-                    np.testing.assert_allclose(a, want[k], rtol=1e-5, atol=1e-5,
-                                               err_msg=f"v3 {k}, rows={rows}, D={D}")
+                        got[k].view(bits), w.view(bits),
+                        err_msg=f"{rung} {k}, rows={rows}, D={D}, {dtype}")
+            if D <= max_D():  # v3, the atomics: dx bit for bit, dgamma to a bound
+                v3 = atomic_check(host.backward, inp)
+                assert v3["dx_equal"] and v3["within"], (rows, D, dtype, v3)
     print(f"selftest passed: {shapes} x {dtypes}, flags {list(flags)}")
 
 

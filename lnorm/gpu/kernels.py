@@ -36,6 +36,7 @@ __all__ = [
     "MIN_ROWS_PER_GROUP",
     "MAX_ROW_GROUPS",
     "RUNGS",
+    "BACKWARD_KERNELS",
     "PARTIALS_BUDGET",
     "constants",
     "source",
@@ -92,7 +93,9 @@ RUNGS = ("v3", "v4", "v5")
 PARTIALS_BUDGET = 0.05
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
-_KERNEL_PREFIX = {"v3": "bwd_atomic", "v4": "bwd", "v5": "bwd_grouped"}
+#: The name of each rung's backward kernels, ``ln_<name>_{warp|block}_...``;
+#: also the key of its registers in :data:`lnorm.gpu.model.REGISTERS`.
+BACKWARD_KERNELS = {"v3": "bwd_atomic", "v4": "bwd", "v5": "bwd_grouped"}
 _MAX_VEC = {np.dtype(np.float32): 4, np.dtype(np.float16): 8}
 
 
@@ -621,7 +624,7 @@ class LaunchPlan:
             raise ValueError(
                 f"direction must be 'forward' or 'backward'; got {direction!r}."
             )
-        kind = "fwd" if direction == "forward" else _KERNEL_PREFIX[self.rung]
+        kind = "fwd" if direction == "forward" else BACKWARD_KERNELS[self.rung]
         mapping = "long" if self.chunks > 1 else "block" if self.per_block else "warp"
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 

@@ -49,7 +49,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import traffic
-from .kernels import plan
+from .kernels import BACKWARD_KERNELS, plan
 
 __all__ = ["H100", "REGISTERS", "Device", "Prediction", "predict", "occupancy"]
 
@@ -341,8 +341,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         )
     p = plan(rows, D, dtype, rung)
     itemsize = p.dtype.itemsize
-    short = "fwd" if direction == "forward" else {
-        "v3": "bwd_atomic", "v4": "bwd", "v5": "bwd_grouped"}[rung]
+    short = "fwd" if direction == "forward" else BACKWARD_KERNELS[rung]
     regs = registers or REGISTERS[short + ("_long" if p.chunks > 1 else "")]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
