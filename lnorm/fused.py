@@ -12,7 +12,10 @@ Per row of length ``D``:
 
 * forward: ``mean = sum(x) / D``, then ``var = sum((x - mean)**2) / D``
   over the row again (from cache), ``rstd = 1 / sqrt(var + eps)``, then
-  ``xhat = (x - mean) * rstd`` and ``y = gamma * xhat + beta`` in one sweep;
+  ``xhat = (x - mean) * rstd`` and ``y = gamma * xhat + beta`` in one sweep
+  (from cache). The three sweeps are software-pipelined: one loop,
+  :data:`SPAN` elements at a time, sums one row, takes the squares of the
+  row before and writes the outputs of the row before that;
 * backward: ``sum(g)`` and ``sum(g * xhat)`` with ``g = gamma * dy`` in one
   sweep, which also adds ``dy * xhat`` and ``dy`` into the block's
   ``dgamma`` and ``dbeta``; then ``dx = rstd * (g - mean(g) - xhat *
@@ -20,9 +23,10 @@ Per row of length ``D``:
   at least :data:`GROUP_FROM_D` elements take the first sweep four rows at
   a time, a quarter of the batch apart, which loads and stores the
   ``dgamma``/``dbeta`` accumulators once per four rows instead of once per
-  row. While it writes ``dx``, the loop asks for the rows it will read
-  :data:`PREFETCH_GROUPS` groups later (software prefetch), so that main
-  memory keeps working while the core computes.
+  row. The two sweeps are software-pipelined: one loop, :data:`SPAN`
+  elements at a time, takes the sums of a group (or row) and writes the
+  ``dx`` of the group before it. Either way main memory keeps delivering
+  new rows while the core computes and writes the old ones from cache.
 
 Same signatures, checks, errors, dtype policy and :class:`LayerNormCache`
 as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
@@ -58,9 +62,9 @@ store to memory that is not in cache first reads the line it writes
 streaming store writes the line without reading it. For outputs that fit
 in the last-level cache with the inputs plain stores are faster (the next
 reader finds them in cache), so streaming is used from :data:`STREAM_BYTES`
-of ``dx`` on, for rows long enough to go in groups. A group's ``dx`` then
-waits in a buffer of four rows and goes out span by span while the next
-group's sums are read, so that the writes overlap the reads. The forward
+of ``dx`` on, for rows long enough to go in groups. A span of a group's
+``dx`` is then computed into a buffer in cache and streamed out from there
+(a streaming store needs a whole 64-byte line at once). The forward
 writes its two outputs plainly: two streams of streaming stores ran at half
 the speed of plain stores on the machine the book is built on.
 
@@ -117,7 +121,6 @@ __all__ = [
     "STREAM_BYTES",
     "APART_BYTES",
     "APART_FROM_BYTES",
-    "PREFETCH_GROUPS",
     "SPAN",
     "empty_apart",
 ]
@@ -155,15 +158,11 @@ FASTMATH = {"reassoc", "contract"}
 #: ``g = dy * gamma``: a row of length one would get a nonzero ``dx``.
 FASTMATH_DX = False
 
-#: Groups of rows ahead whose ``dy`` and ``xhat`` the backward asks for while
-#: it writes ``dx`` (see :data:`SPAN`).
-PREFETCH_GROUPS = 2
-
-#: Elements of ``dx`` written between two prefetch requests: after each span
-#: of a row's ``dx``, the loop asks for the same span of the rows
-#: :data:`PREFETCH_GROUPS` groups ahead. The sweep that writes ``dx`` reads
-#: only from cache, so without these requests main memory would idle while
-#: it runs.
+#: Elements per step of the pipelined sweeps: in the backward a span of the
+#: new group's sums, then the same span of the previous group's ``dx``; in
+#: the forward a span of three rows' three sweeps. Short enough that a
+#: step's spans stay in L1 (8 KiB of ``dy`` and ``xhat`` in float32 for a
+#: group of 4 rows), long enough for whole vector loops.
 SPAN = 256
 
 _F32 = np.dtype(np.float32)
@@ -172,7 +171,6 @@ _F16 = np.dtype(np.float16)
 # two AVX ones where LLVM splits it): a few percent faster than 32-byte
 # halves on the book's machine.
 _VECTOR_BYTES = 64
-_LINE_BYTES = 64  # a cache line: the unit of a prefetch
 
 
 def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
@@ -242,32 +240,6 @@ def _stream_vectors(typingctx, dst, dst_start, src, nvec):
 
 
 @intrinsic
-def _prefetch(typingctx, arr, index):
-    """Ask for the cache line holding ``arr[index]`` to be brought into L2.
-
-    A hint (``prefetcht1``): it never faults and the loop does not wait
-    for it.
-    """
-    sig = types.void(arr, index)
-
-    def codegen(context, builder, signature, args):
-        aty, _ = signature.args
-        a, i = args
-        ptr = cgutils.get_item_pointer(
-            context, builder, aty, context.make_array(aty)(context, builder, a),
-            [i], wraparound=False,
-        )
-        i32, i8p = ir.IntType(32), ir.IntType(8).as_pointer()
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-        # read, locality 2 (L2 and up), data cache
-        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(2), i32(1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
 def _sfence(typingctx):
     """Order the streaming stores before everything after them."""
     sig = types.void()
@@ -303,36 +275,32 @@ def _store_row(dst, buf, address):
 
 # --- the row loops ----------------------------------------------------------------
 
-@nb.njit(cache=True, inline="always")
-def _prefetch_span(row, start, stop):
-    """Ask for ``row[start:stop]``, one request per cache line."""
-    for j in range(start, min(stop, row.shape[0]), _LINE_BYTES // row.itemsize):
-        _prefetch(row, j)
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _span_sum(x):
+    """sum(x) in float64."""
+    total = 0.0
+    for j in range(x.shape[0]):
+        total += np.float64(x[j])
+    return total
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _normalize_row(x, gamma, beta, eps, y, xhat):
-    """One row: its statistics in float64, then ``xhat`` and ``y``. Returns rstd."""
-    D = x.shape[0]
-    total = 0.0
-    for j in range(D):
-        total += np.float64(x[j])
-    mean = total / D
+def _span_squares(x, mean):
+    """sum((x - mean)**2) in float64."""
     sq = 0.0
-    for j in range(D):
+    for j in range(x.shape[0]):
         d = np.float64(x[j]) - mean
         sq += d * d
-    if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x):
-        # The rounded mean of a constant row can miss its value by an ulp;
-        # take the value itself, so that xhat = 0 and y = beta exactly.
-        mean = np.float64(x[0])
-        sq = 0.0
-    rstd = 1.0 / np.sqrt(sq / D + eps)
-    for j in range(D):
+    return sq
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, inline="always")
+def _normalize_span(x, gamma, beta, mean, rstd, y, xhat):
+    """xhat = (x - mean) * rstd and y = gamma * xhat + beta."""
+    for j in range(x.shape[0]):
         h = (np.float64(x[j]) - mean) * rstd
         xhat[j] = h
         y[j] = h * gamma[j] + beta[j]
-    return rstd
 
 
 @nb.njit(cache=True, inline="always")
@@ -345,13 +313,40 @@ def _is_constant(x):
 
 @nb.njit(cache=True, fastmath=FASTMATH)
 def _forward_rows(x, gamma, beta, eps, y, xhat, rstd):
-    for r in range(x.shape[0]):
-        rstd[r] = _normalize_row(x[r], gamma, beta, eps, y[r], xhat[r])
+    """y, xhat and rstd row by row, in one sweep over three rows at a time.
+
+    Step ``r`` takes, :data:`SPAN` elements at a time, the sum of row ``r``
+    (from memory), the squares of row ``r - 1`` about its mean and the
+    outputs of row ``r - 2`` (both from cache): the reads of new rows run
+    while the core computes and writes the old ones.
+    """
+    rows, D = x.shape
+    mean1 = mean2 = 0.0  # the means of rows r - 1 and r - 2
+    for r in range(rows + 2):
+        total = sq = 0.0
+        for a in range(0, D, SPAN):
+            e = min(a + SPAN, D)
+            if r < rows:
+                total += _span_sum(x[r, a:e])
+            if 1 <= r <= rows:
+                sq += _span_squares(x[r - 1, a:e], mean1)
+            if r >= 2:
+                _normalize_span(x[r - 2, a:e], gamma[a:e], beta[a:e], mean2,
+                                rstd[r - 2], y[r - 2, a:e], xhat[r - 2, a:e])
+        if 1 <= r <= rows:
+            if sq <= D * (1e-15 * mean1) ** 2 and _is_constant(x[r - 1]):
+                # The rounded mean of a constant row can miss its value by an
+                # ulp; take the value itself, so that xhat = 0 and y = beta.
+                mean1 = np.float64(x[r - 1, 0])
+                sq = 0.0
+            rstd[r - 1] = 1.0 / np.sqrt(sq / D + eps)
+        mean2 = mean1
+        mean1 = total / D if r < rows else 0.0
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
 def _row_sums(dy, xhat, gamma, dgamma, dbeta):
-    """sum(g) and sum(g * xhat) of one row; adds to dgamma and dbeta."""
+    """sum(g) and sum(g * xhat) of one row (or span); adds to dgamma and dbeta."""
     sum_g = 0.0
     sum_gxhat = 0.0
     for j in range(dy.shape[0]):
@@ -403,18 +398,14 @@ def _dx_span(dy, xhat, gamma, rstd, mean_g, mean_gxhat, dx):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH_DX)
-def _dx_row(dy, xhat, gamma, rstd, sum_g, sum_gxhat, out, dy_ahead, xhat_ahead):
-    """``dx`` of one row from its two sums into ``out``, :data:`SPAN`
-    elements at a time; after each span, a request for the same span of
-    ``dy_ahead`` and ``xhat_ahead`` (rows to come)."""
-    D = dy.shape[0]
-    mean_g = sum_g / D
-    mean_gxhat = sum_gxhat / D
-    for a in range(0, D, SPAN):
-        b = min(a + SPAN, D)
-        _dx_span(dy[a:b], xhat[a:b], gamma[a:b], rstd, mean_g, mean_gxhat, out[a:b])
-        _prefetch_span(dy_ahead, a, b)
-        _prefetch_span(xhat_ahead, a, b)
+def _dx_row_span(dy, xhat, gamma, rstd, r, mean_g, mean_gxhat, a, e, out, out_r):
+    """:func:`_dx_span` of ``dy[r, a:e]`` into ``out[out_r, a:e]``.
+
+    Not inlined: a function inlined into a loop with :data:`FASTMATH` takes
+    that loop's flags (see :data:`FASTMATH_DX`).
+    """
+    _dx_span(dy[r, a:e], xhat[r, a:e], gamma[a:e], rstd[r], mean_g, mean_gxhat,
+             out[out_r, a:e])
 
 
 @nb.njit(cache=True)
@@ -429,61 +420,73 @@ def _grouping(rows, D):
 def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
     """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b``.
 
+    One sweep, :data:`SPAN` elements at a time, takes the sums of one group
+    of rows (or one row) and writes the ``dx`` of the group (row) before it,
+    whose sums it finished in the sweep before: the reads of the new rows run
+    while the core computes and writes the old ones, which are still in
+    cache.
+
     With groups (see :data:`GROUP_ROWS`), group ``q`` is the rows ``q + k * Q``
     (``k = 0..3``, ``Q = rows // 4``) and block ``b`` holds groups ``b * G`` to
     ``b * G + G - 1``, ``G = BLOCK_ROWS // 4``; the rows from ``4 * Q`` on go
     one by one, in blocks of their own after those (``_block_count``). A
-    group's sums are taken a :data:`SPAN` at a time and added in order, with
-    or without streaming stores, so both give the same bits.
+    row's sums are taken a span at a time and added in order, with or
+    without streaming stores, so both give the same bits.
     """
     rows, D = dy.shape
     size = dx.itemsize
     quarter, grouped_blocks = _grouping(rows, D)
-    # With streaming stores, a group's dx waits in `held` and goes to memory
-    # during the next group's sums: the writes then overlap the reads.
+    # With streaming stores, a span of a group's dx is computed into `held`
+    # and then streamed out from there.
     held = np.empty((GROUP_ROWS, D), dtype=dx.dtype)
-    for q in range(quarter):
+    done = (0, 0, 0, 0)  # the rows of the group before
+    means_g = means_gxhat = (0.0, 0.0, 0.0, 0.0)
+    for q in range(quarter + 1):
         b = q // (BLOCK_ROWS // GROUP_ROWS)
         r0, r1, r2, r3 = q, q + quarter, q + 2 * quarter, q + 3 * quarter
         g0 = g1 = g2 = g3 = 0.0
         gx0 = gx1 = gx2 = gx3 = 0.0
         for a in range(0, D, SPAN):
             e = min(a + SPAN, D)
-            sg, sgx = _group_sums(
-                dy[r0, a:e], dy[r1, a:e], dy[r2, a:e], dy[r3, a:e],
-                xhat[r0, a:e], xhat[r1, a:e], xhat[r2, a:e], xhat[r3, a:e],
-                gamma[a:e], dgamma[b, a:e], dbeta[b, a:e],
-            )
-            g0, g1, g2, g3 = g0 + sg[0], g1 + sg[1], g2 + sg[2], g3 + sg[3]
-            gx0, gx1, gx2, gx3 = gx0 + sgx[0], gx1 + sgx[1], gx2 + sgx[2], gx3 + sgx[3]
-            if stream and q > 0:
-                for k in range(GROUP_ROWS):
-                    r = q - 1 + k * quarter
+            if q < quarter:
+                sg, sgx = _group_sums(
+                    dy[r0, a:e], dy[r1, a:e], dy[r2, a:e], dy[r3, a:e],
+                    xhat[r0, a:e], xhat[r1, a:e], xhat[r2, a:e], xhat[r3, a:e],
+                    gamma[a:e], dgamma[b, a:e], dbeta[b, a:e],
+                )
+                g0, g1, g2, g3 = g0 + sg[0], g1 + sg[1], g2 + sg[2], g3 + sg[3]
+                gx0, gx1 = gx0 + sgx[0], gx1 + sgx[1]
+                gx2, gx3 = gx2 + sgx[2], gx3 + sgx[3]
+            for k in range(GROUP_ROWS if q > 0 else 0):
+                r = done[k]
+                if stream:
+                    _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
+                                 means_gxhat[k], a, e, held, k)
                     address = dx_address + (r * D + a) * size
                     _store_row(dx[r, a:e], held[k, a:e], address)
-        sums_g = (g0, g1, g2, g3)
-        sums_gxhat = (gx0, gx1, gx2, gx3)
-        # The group PREFETCH_GROUPS ahead: its row k is asked for while row k
-        # of this group is written.
-        ahead = min(q + PREFETCH_GROUPS, quarter - 1)
-        for k in range(GROUP_ROWS):
-            r = q + k * quarter
-            _dx_row(dy[r], xhat[r], gamma, rstd[r], sums_g[k], sums_gxhat[k],
-                    held[k] if stream else dx[r],
-                    dy[ahead + k * quarter], xhat[ahead + k * quarter])
-    if stream and quarter:
-        for k in range(GROUP_ROWS):
-            r = quarter - 1 + k * quarter
-            _store_row(dx[r], held[k], dx_address + r * D * size)
+                else:
+                    _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
+                                 means_gxhat[k], a, e, dx, r)
+        done = (r0, r1, r2, r3)
+        means_g = (g0 / D, g1 / D, g2 / D, g3 / D)
+        means_gxhat = (gx0 / D, gx1 / D, gx2 / D, gx3 / D)
+    # Plain stores: rows too short for groups are too short to stream (at
+    # D = 64, streaming them one by one took twice as long).
     first = GROUP_ROWS * quarter
-    for r in range(first, rows):
+    mean_g = mean_gxhat = 0.0
+    for r in range(first, rows + 1):
         b = grouped_blocks + (r - first) // BLOCK_ROWS
-        sum_g, sum_gxhat = _row_sums(dy[r], xhat[r], gamma, dgamma[b], dbeta[b])
-        ahead = min(r + PREFETCH_GROUPS, rows - 1)
-        # Plain stores: rows too short for groups are too short to stream
-        # (at D = 64, streaming them one by one took twice as long).
-        _dx_row(dy[r], xhat[r], gamma, rstd[r], sum_g, sum_gxhat, dx[r],
-                dy[ahead], xhat[ahead])
+        sum_g = sum_gxhat = 0.0
+        for a in range(0, D, SPAN):
+            e = min(a + SPAN, D)
+            if r < rows:
+                s, sx = _row_sums(dy[r, a:e], xhat[r, a:e], gamma[a:e],
+                                  dgamma[b, a:e], dbeta[b, a:e])
+                sum_g, sum_gxhat = sum_g + s, sum_gxhat + sx
+            if r > first:
+                _dx_row_span(dy, xhat, gamma, rstd, r - 1, mean_g, mean_gxhat,
+                             a, e, dx, r - 1)
+        mean_g, mean_gxhat = sum_g / D, sum_gxhat / D
     if stream:
         _sfence()
 
@@ -756,10 +759,10 @@ def backward(
 
     Notes
     -----
-    While it writes a row's ``dx``, the loop asks for the rows it will read
-    :data:`PREFETCH_GROUPS` groups later, so that main memory keeps working
-    while the core computes. From :data:`STREAM_BYTES` of ``dx`` on, ``dx``
-    is written with streaming stores.
+    The two sweeps run as one: the loop takes the sums of one group of rows
+    while it writes the ``dx`` of the group before, so that main memory keeps
+    working while the core computes. From :data:`STREAM_BYTES` of ``dx`` on,
+    ``dx`` is written with streaming stores.
 
     See Also
     --------
