@@ -63,8 +63,8 @@ streaming store writes the line without reading it. For outputs that fit
 in the last-level cache with the inputs plain stores are faster (the next
 reader finds them in cache), so streaming is used from :data:`STREAM_BYTES`
 of ``dx`` on, for rows long enough to go in groups. A span of a group's
-``dx`` is then computed into a buffer in cache and streamed out from there
-(a streaming store needs a whole 64-byte line at once). The forward
+``dx`` is then computed into a buffer of four rows, in cache, and streamed
+out from there (a streaming store writes a whole 64-byte line at once). The forward
 writes its two outputs plainly: two streams of streaming stores ran at half
 the speed of plain stores on the machine the book is built on.
 
@@ -346,7 +346,7 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd):
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
 def _row_sums(dy, xhat, gamma, dgamma, dbeta):
-    """sum(g) and sum(g * xhat) of one row (or span); adds to dgamma and dbeta."""
+    """sum(g), sum(g * xhat) of a row (or span); adds to dgamma and dbeta."""
     sum_g = 0.0
     sum_gxhat = 0.0
     for j in range(dy.shape[0]):
@@ -391,7 +391,7 @@ def _group_sums(dy0, dy1, dy2, dy3, xh0, xh1, xh2, xh3, gamma, dgamma, dbeta):
 
 @nb.njit(cache=True, fastmath=FASTMATH_DX, inline="always")
 def _dx_span(dy, xhat, gamma, rstd, mean_g, mean_gxhat, dx):
-    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), element by element."""
+    """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), per element."""
     for j in range(dy.shape[0]):
         g = np.float64(dy[j]) * gamma[j]
         dx[j] = rstd * (g - mean_g - np.float64(xhat[j]) * mean_gxhat)

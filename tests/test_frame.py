@@ -2,7 +2,8 @@
 
 Over the sources (no build needed):
 
-* a visible code cell has no line over 79 characters;
+* a visible code cell has no line over 79 characters, nor has the package
+  source it prints with ``inspect.getsource(module.name)``;
 * the prose shows numbers with ``{eval}`` only: no ``glue(`` call, no
   ``{glue}`` role (the book's build turns ``{eval}`` into glue itself);
 * no ``{code-cell}`` sits inside a ``{solution}`` directive, where Jupyter
@@ -24,6 +25,8 @@ are exempt until the issue that rewrites them takes them off the list.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import re
 
@@ -50,6 +53,9 @@ MAX_PROSE_VALUES = 25
 HIDDEN_TAGS = {"remove-cell", "remove-input"}
 EVAL_ROLE = re.compile(r"(?<!`)\{eval\}`")
 GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`")
+# A listing of the package's own source: ``inspect.getsource(fused._dx_span)``,
+# ``fused`` being a module of lnorm.
+PRINTED_SOURCE = re.compile(r"inspect\.getsource\((\w+)\.(\w+)\)")
 
 
 def chapters() -> list[str]:
@@ -108,11 +114,35 @@ def test_not_yet_converted_lists_only_chapters():
     assert NOT_YET_CONVERTED <= set(chapters()), "a stale entry in NOT_YET_CONVERTED"
 
 
+def printed_sources(source: str) -> list[tuple[str, str]]:
+    """(what, text) of each lnorm function a cell prints the source of."""
+    found = []
+    for module, name in PRINTED_SOURCE.findall(source):
+        obj = getattr(importlib.import_module(f"lnorm.{module}"), name)
+        found.append((f"{module}.{name}", inspect.getsource(obj)))
+    return found
+
+
+def test_printed_sources_are_found():
+    cell = "print(inspect.getsource(fused._dx_span))"
+    (what, text), = printed_sources(cell)
+    assert what == "fused._dx_span" and "def _dx_span(" in text
+
+
 @pytest.mark.parametrize("doc", converted())
 def test_visible_code_lines_fit_the_page(doc):
-    long = [
-        f"cell {i}: {line!r} ({len(line)} characters)"
+    listings = [
+        (f"cell {i}", source)
         for i, source in visible_code_cells(read_notebook(doc))
+    ]
+    listings += [
+        (f"cell {i}, the source of {what}", text)
+        for i, source in visible_code_cells(read_notebook(doc))
+        for what, text in printed_sources(source)
+    ]
+    long = [
+        f"{where}: {line!r} ({len(line)} characters)"
+        for where, source in listings
         for line in source.splitlines()
         if len(line) > MAX_LINE
     ]
