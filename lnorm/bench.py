@@ -31,9 +31,11 @@ measured time over that.
 
 Every repetition calls the copy and each implementation once, in a shuffled
 order (seeded), so that noise from other processes falls on all of them
-alike; ratios are taken within a repetition and their median reported. BLAS
-threads are pinned (``--threads``, default 1: every rung and the copy run on
-one core) with threadpoolctl, and recorded.
+alike; ratios are taken within a repetition and their median reported.
+``--threads`` (default 1: every rung runs on one core) pins the BLAS threads
+with threadpoolctl, and is recorded; the fused rung runs its loop on as many
+threads. The copy always runs on one core, so the floor is one core's, and
+threads can beat it (:func:`thread_scaling` measures how far).
 
 The cost chapter (``book/05_cost.md``) runs these measurements and reads them
 against :mod:`lnorm.cost`'s model. Timings depend on the machine and its
@@ -88,6 +90,7 @@ __all__ = [
     "copy_bandwidth",
     "time_round_robin",
     "run",
+    "thread_scaling",
     "tile_sweep",
     "size_sweep",
     "peak_bytes",
@@ -458,8 +461,10 @@ def time_round_robin(
     return times
 
 
-def _calls(shape, dtype, block_rows: int | None, seed: int):
-    """Zero-argument callables for every (implementation, direction); tiled block."""
+def _calls(shape, dtype, block_rows: int | None, seed: int, threads: int = 1):
+    """Zero-argument callables for every (implementation, direction); tiled block.
+
+    The fused rung runs on ``threads`` threads."""
     x, gamma, beta, dy = make_inputs(shape, dtype, seed)
     D = shape[-1]
     br = tile_rows(D) if block_rows is None else block_rows
@@ -475,9 +480,10 @@ def _calls(shape, dtype, block_rows: int | None, seed: int):
         ("reference", "backward"): lambda: reference_backward(dy, saved, gamma),
         ("tiled", "forward"): lambda: forward(x, gamma, beta, block_rows=br),
         ("tiled", "backward"): lambda: backward(dy, cache, block_rows=br),
-        ("fused", "forward"): lambda: fused.forward(x, gamma, beta,
-                                                    out=(y_buf, xhat_buf)),
-        ("fused", "backward"): lambda: fused.backward(dy, cache, out=dx_buf),
+        ("fused", "forward"): lambda: fused.forward(
+            x, gamma, beta, out=(y_buf, xhat_buf), threads=threads),
+        ("fused", "backward"): lambda: fused.backward(
+            dy, cache, out=dx_buf, threads=threads),
         ("default", "forward"): lambda: forward(x, gamma, beta),
         ("default", "backward"): lambda: backward(dy, cache),
     }
@@ -588,7 +594,8 @@ def run(
     block_rows : int, optional
         Rows per block of ``tiled`` (default ``tile_rows(D)``).
     threads : int, default 1
-        BLAS threads while timing (threadpoolctl).
+        BLAS threads while timing (threadpoolctl), and the threads of the
+        fused rung's loop. The copy runs on one thread.
     seed : int, default 0
         Seeds the inputs and the shuffled order.
     progress : bool, default True
@@ -636,7 +643,7 @@ def run(
         for shape in shapes:
             shape = tuple(int(s) for s in shape)
             for dt in dtypes:
-                calls, br = _calls(shape, dt, block_rows, seed)
+                calls, br = _calls(shape, dt, block_rows, seed, threads)
                 calls["copy"] = lambda: np.copyto(dst, src)
                 times = time_round_robin(calls, repeat, seed)
                 # Copy bandwidth in B/s, one per repetition.
@@ -664,6 +671,84 @@ def run(
         bar.close()
     return {"machine": machine(threads), "repeat": repeat, "seed": seed,
             "copy_bytes": int(2 * src.nbytes), "results": results}
+
+
+def thread_scaling(shape: Sequence[int], dtype, threads: Sequence[int] = (1, 2),
+                   repeat: int = 5, seed: int = 0) -> dict:
+    r"""Time the fused loop on several thread counts against the one-core floor.
+
+    Every repetition calls the copy yardstick (:func:`copy_arrays`, one core)
+    and :func:`lnorm.fused.forward` and :func:`lnorm.fused.backward` with
+    each thread count, in a shuffled order (:func:`time_round_robin`), all
+    writing into output arrays allocated once.
+
+    Parameters
+    ----------
+    shape : sequence of int
+        Input shape ``(..., D)``.
+    dtype : dtype-like
+        float16, float32 or float64.
+    threads : sequence of int, default (1, 2)
+        The thread counts; the first is the baseline of ``speedup``.
+    repeat : int, default 5
+        Timed repetitions.
+    seed : int, default 0
+        Seeds the inputs and the order.
+
+    Returns
+    -------
+    dict
+        ``{(direction, n): result}`` for each direction and thread count,
+        with ``seconds`` (min, median, max, samples), ``x_floor`` (the
+        median over repetitions of time / floor within a repetition) and
+        ``speedup`` (the median of the baseline's time over this one's).
+
+    Raises
+    ------
+    TypeError, ValueError
+        A thread count, ``repeat`` or ``seed`` that is not an integer, or
+        below 1 (``seed`` below 0); no thread counts.
+
+    See Also
+    --------
+    run : The ladder, with ``threads`` for every rung.
+
+    Examples
+    --------
+    >>> r = thread_scaling((4, 8), np.float32, threads=(1, 2), repeat=1)
+    >>> sorted(r), r["backward", 1]["speedup"]
+    ([('backward', 1), ('backward', 2), ('forward', 1), ('forward', 2)], 1.0)
+    """
+    counts = [check_int(n, "threads", 1) for n in threads]
+    if not counts:
+        raise ValueError("threads must name at least one thread count; got none.")
+    repeat = check_int(repeat, "repeat", 1)
+    seed = check_int(seed, "seed", 0)
+    x, gamma, beta, dy = make_inputs(shape, dtype, seed)
+    _, cache = fused.forward(x, gamma, beta)
+    y_buf = fused.empty_apart(x.shape, x.dtype, x)
+    xhat_buf = fused.empty_apart(x.shape, x.dtype, x, y_buf)
+    dx_buf = fused.empty_apart(x.shape, x.dtype, dy, cache.xhat)
+    calls = {}
+    for n in counts:
+        calls["forward", n] = lambda n=n: fused.forward(
+            x, gamma, beta, out=(y_buf, xhat_buf), threads=n)
+        calls["backward", n] = lambda n=n: fused.backward(
+            dy, cache, out=dx_buf, threads=n)
+    src, dst = copy_arrays()
+    calls["copy"] = lambda: np.copyto(dst, src)
+    times = time_round_robin(calls, repeat, seed)
+    bw = 2.0 * src.nbytes / np.asarray(times.pop("copy"))
+    out = {}
+    for (direction, n), ts in times.items():
+        t = np.asarray(ts)
+        base = np.asarray(times[direction, counts[0]])
+        out[direction, n] = {
+            "seconds": _stats(t),
+            "x_floor": float(np.median(t * bw / floor_bytes(direction, shape, dtype))),
+            "speedup": float(np.median(base / t)),
+        }
+    return out
 
 
 def tile_sweep(shape: Sequence[int], dtype, block_rows: Sequence[int], repeat: int = 5,
@@ -883,7 +968,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, help="timed rounds (default 7, quick 5)")
     p.add_argument("--block-rows", type=int,
                    help="rows per block of tiled (default tile_rows(D))")
-    p.add_argument("--threads", type=int, default=1, help="BLAS threads (default 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="BLAS threads and fused-loop threads (default 1; the "
+                   "copy runs on one)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of inputs and order (default 0)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -21,7 +21,7 @@ Per row of length ``D``:
   ``dgamma`` and ``dbeta``; then ``dx = rstd * (g - mean(g) - xhat *
   mean(g * xhat))`` in a second sweep over the row (from cache). Rows of
   at least :data:`GROUP_FROM_D` elements take the first sweep four rows at
-  a time, a quarter of the batch apart, which loads and stores the
+  a time, a quarter of a chunk of rows apart, which loads and stores the
   ``dgamma``/``dbeta`` accumulators once per four rows instead of once per
   row. The two sweeps are software-pipelined: one loop, :data:`SPAN`
   elements at a time, takes the sums of a group (or row) and writes the
@@ -34,9 +34,9 @@ as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
 * every statistic and every reduction is accumulated in float64, whatever
   the input dtype, and outputs are rounded once to the input dtype;
 * ``dgamma`` and ``dbeta`` are summed in float64 per block of
-  :data:`BLOCK_ROWS` rows (where rows go in groups of four, the four are
-  added pairwise first), then across blocks in a fixed order, so the result
-  depends on nothing but the inputs;
+  :data:`BLOCK_ROWS` rows of a chunk of :data:`CHUNK_ROWS` rows (where rows
+  go in groups of four, the four are added pairwise first), then across
+  blocks in a fixed order, so the result depends on nothing but the inputs;
 * NaN and Inf stay in their row: the fast-math flags are ``reassoc`` (LLVM
   may split a row's sum over vector lanes) and ``contract`` (fused
   multiply-adds), never ``nnan`` or ``ninf``; the sweep that writes ``dx``
@@ -74,6 +74,13 @@ fresh memory from the operating system, which zeroes each page when it is
 first written: a pass over the output that a training loop reusing its
 buffers does not pay.
 
+Both take ``threads=`` (default 1), the CPU threads that run the loop; the
+loops release the GIL. The forward gives each thread a contiguous range of
+rows. The backward runs chunk by chunk, :data:`CHUNK_ROWS` rows each with
+``dgamma``/``dbeta`` blocks of its own, and gives each thread a contiguous
+range of chunks. The chunks, not the threads, fix the order of every sum:
+the results are the same bits on any number of threads.
+
 The cost chapter (``book/05_cost.md``) measures these loops against the
 copy bandwidth and explains why each detail above matters.
 
@@ -93,6 +100,7 @@ array([[-1.2247,  0.    ,  1.2247],
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numba as nb
@@ -109,6 +117,7 @@ from .validate import (
     check_dy,
     check_eps,
     check_forward_out,
+    check_int,
     check_param,
 )
 
@@ -122,6 +131,7 @@ __all__ = [
     "APART_BYTES",
     "APART_FROM_BYTES",
     "SPAN",
+    "CHUNK_ROWS",
     "empty_apart",
 ]
 
@@ -135,7 +145,8 @@ BLOCK_ROWS = 256
 #: float32 this took the backward from about 1.1 to 0.8 ns per element on the
 #: 2-core machine the book is built on. Shorter rows ran slower in groups
 #: there, so they go one by one. The rows of a group are a quarter of the
-#: batch apart (``q``, ``q + Q``, ``q + 2Q``, ``q + 3Q`` with ``Q = N // 4``):
+#: chunk apart (``q``, ``q + Q``, ``q + 2Q``, ``q + 3Q`` with ``Q = N // 4``,
+#: ``N`` the rows of the chunk, :data:`CHUNK_ROWS` or fewer):
 #: each of the four streams then runs on into the next row, where the
 #: hardware prefetcher already is, instead of into rows already read (about
 #: 10 % faster at (4096, 1024) than four neighbouring rows).
@@ -164,6 +175,12 @@ FASTMATH_DX = False
 #: step's spans stay in L1 (8 KiB of ``dy`` and ``xhat`` in float32 for a
 #: group of 4 rows), long enough for whole vector loops.
 SPAN = 256
+
+#: Rows per chunk of the backward. The loop runs chunk by chunk, and each
+#: chunk fills ``dgamma``/``dbeta`` blocks of its own (its rows grouped as if
+#: it were the whole batch), so that threads can take whole chunks
+#: (``threads=``) and the sums are the same bits whatever their number.
+CHUNK_ROWS = 1024
 
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
@@ -311,7 +328,7 @@ def _is_constant(x):
     return True
 
 
-@nb.njit(cache=True, fastmath=FASTMATH)
+@nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
 def _forward_rows(x, gamma, beta, eps, y, xhat, rstd):
     """y, xhat and rstd row by row, in one sweep over three rows at a time.
 
@@ -410,7 +427,7 @@ def _dx_row_span(dy, xhat, gamma, rstd, r, mean_g, mean_gxhat, a, e, out, out_r)
 
 @nb.njit(cache=True)
 def _grouping(rows, D):
-    """``Q``, the rows in each quarter of the batch taken in groups (0 for
+    """``Q``, the rows in each quarter of the rows taken in groups (0 for
     short rows), and the blocks of partial sums those groups fill."""
     quarter = rows // GROUP_ROWS if D >= GROUP_FROM_D else 0
     return quarter, -(-quarter // (BLOCK_ROWS // GROUP_ROWS))
@@ -491,10 +508,39 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
         _sfence()
 
 
-def _block_count(rows: int, D: int) -> int:
+@nb.njit(cache=True)
+def _block_count(rows, D):
     """How many ``dgamma``/``dbeta`` partial rows :func:`_backward_rows` fills."""
     quarter, grouped_blocks = _grouping(rows, D)
     return grouped_blocks + -(-(rows - GROUP_ROWS * quarter) // BLOCK_ROWS)
+
+
+@nb.njit(cache=True)
+def _chunked_block_count(rows, D):
+    """How many partial rows :func:`_backward_chunks` fills over all chunks."""
+    whole, rest = divmod(rows, CHUNK_ROWS)
+    return whole * _block_count(CHUNK_ROWS, D) + (_block_count(rest, D) if rest else 0)
+
+
+@nb.njit(cache=True, nogil=True)
+def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address,
+                     first, last):
+    """:func:`_backward_rows` over chunks ``first`` to ``last - 1``.
+
+    Chunk ``c`` is the rows ``c * CHUNK_ROWS`` up to the next chunk's; it
+    fills the partial rows from ``c * _block_count(CHUNK_ROWS, D)`` on, so
+    chunks taken by different threads never share one.
+    """
+    rows, D = dy.shape
+    per_chunk = _block_count(CHUNK_ROWS, D)
+    for c in range(first, last):
+        a = c * CHUNK_ROWS
+        e = min(a + CHUNK_ROWS, rows)
+        b = c * per_chunk
+        n = _block_count(e - a, D)
+        _backward_rows(dy[a:e], xhat[a:e], gamma, rstd[a:e], dx[a:e],
+                       dgamma[b:b + n], dbeta[b:b + n], stream,
+                       dx_address + a * D * dx.itemsize)
 
 
 # --- where large arrays start ----------------------------------------------------
@@ -617,8 +663,38 @@ def _deliver(result: np.ndarray, out, shape, dtype) -> np.ndarray:
     return out
 
 
+_THREADS_HINT = "threads is how many CPU threads run the loop."
+
+
+def _in_threads(fn, jobs: list[tuple]) -> None:
+    """``fn(*job)`` for every job, the first in this thread, the others each in a
+    new thread of its own (the loops release the GIL); re-raises their errors."""
+    errors: list[BaseException] = []
+
+    def run(job: tuple) -> None:
+        try:
+            fn(*job)
+        except BaseException as e:  # re-raised in the caller's thread
+            errors.append(e)
+
+    others = [threading.Thread(target=run, args=(job,)) for job in jobs[1:]]
+    for t in others:
+        t.start()
+    run(jobs[0])
+    for t in others:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    """``range(n)`` in ``min(parts, n)`` contiguous pieces of nearly equal size."""
+    parts = max(min(parts, n), 1)
+    return [(t * n // parts, (t + 1) * n // parts) for t in range(parts)]
+
+
 def forward(
-    x, gamma, beta, eps: float = 1e-5, *, out=None
+    x, gamma, beta, eps: float = 1e-5, *, out=None, threads: int = 1
 ) -> tuple[np.ndarray, LayerNormCache]:
     r"""Normalize each row over the last axis in one compiled pass per row.
 
@@ -648,6 +724,10 @@ def forward(
         kernel the zeroing of fresh pages (see Notes). The cache then holds a
         read-only view of the ``xhat`` buffer: writing into that buffer again
         (the next step's forward) changes what the cache holds.
+    threads : int, default 1
+        CPU threads that run the loop, each on a contiguous range of rows.
+        Every row is computed the same way whatever their number: the results
+        are the same bits.
 
     Returns
     -------
@@ -667,6 +747,8 @@ def forward(
         An ``out`` that :func:`lnorm.validate.check_forward_out` refuses
         (two arrays of the shape and dtype of ``x``, C-contiguous, writeable,
         sharing no memory with ``x`` or with each other).
+    TypeError, ValueError
+        ``threads`` not an integer, or below 1.
 
     See Also
     --------
@@ -699,22 +781,25 @@ def forward(
     eps = check_eps(eps)
 
     y_out, xhat_out = check_forward_out(out, x)
+    threads = check_int(threads, "threads", 1, _THREADS_HINT)
 
     x2 = _rows_for_loop(x)
     y = _output(y_out, x2, x2)
     xhat = _output(xhat_out, x2, x2, y)
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
+    g, b = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
     if x2.shape[0]:
-        _forward_rows(
-            x2, gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE), eps, y, xhat, rstd
-        )
+        _in_threads(_forward_rows, [
+            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e])
+            for a, e in _split(x2.shape[0], threads)
+        ])
     y = _deliver(y, y_out, x.shape, x.dtype)
     xhat = _deliver(xhat, xhat_out, x.shape, x.dtype)
     return y, make_cache(xhat, rstd.reshape(x.shape[:-1]), gamma)
 
 
 def backward(
-    dy, cache: LayerNormCache, *, out=None
+    dy, cache: LayerNormCache, *, out=None, threads: int = 1
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Compute the gradients of layer normalization in one compiled pass per row.
 
@@ -738,14 +823,19 @@ def backward(
     out : ndarray, optional
         A C-contiguous array of the shape and dtype of ``x`` to write ``dx``
         into, instead of a new array (see :func:`forward`'s Notes).
+    threads : int, default 1
+        CPU threads that run the loop, each on a contiguous range of the
+        chunks of :data:`CHUNK_ROWS` rows. The chunks, and so the order of
+        every sum, do not depend on ``threads``: the results are the same
+        bits whatever their number.
 
     Returns
     -------
     dx : ndarray, shape and dtype of ``x``
         Gradient with respect to ``x`` (``out`` when given).
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
-        Summed in float64 per block of :data:`BLOCK_ROWS` rows, then over the
-        blocks in order: the same bits on every call.
+        Summed in float64 per block of :data:`BLOCK_ROWS` rows of a chunk,
+        then over the blocks in order: the same bits on every call.
 
     Raises
     ------
@@ -756,6 +846,8 @@ def backward(
     TypeError, ValueError
         An ``out`` that :func:`lnorm.validate.check_backward_out` refuses (it
         must not share memory with ``dy`` or the cache's ``xhat``).
+    TypeError, ValueError
+        ``threads`` not an integer, or below 1.
 
     Notes
     -----
@@ -781,19 +873,21 @@ def backward(
     """
     dy = check_dy(dy, cache)
     out = check_backward_out(out, dy, cache)
+    threads = check_int(threads, "threads", 1, _THREADS_HINT)
     D = cache.shape[-1]
     dy2 = _rows_for_loop(dy)
     xhat2 = _rows_for_loop(cache.xhat, dy2)
     rows = dy2.shape[0]
     dx = _output(out, dy2, dy2, xhat2)
-    blocks = _block_count(rows, D)
+    blocks = _chunked_block_count(rows, D)
     dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
     dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
     if rows:
-        _backward_rows(
-            dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx,
-            dgamma, dbeta, dx.nbytes >= STREAM_BYTES, dx.ctypes.data,
-        )
+        args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1),
+                dx, dgamma, dbeta, dx.nbytes >= STREAM_BYTES, dx.ctypes.data)
+        chunks = -(-rows // CHUNK_ROWS)
+        _in_threads(_backward_chunks,
+                    [(*args, a, e) for a, e in _split(chunks, threads)])
     # Across blocks in a fixed order: block 0 + block 1 + ... (axis 0).
     dgamma, dbeta = dgamma.sum(axis=0), dbeta.sum(axis=0)
     pdt = cache.gamma.dtype

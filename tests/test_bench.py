@@ -235,3 +235,51 @@ def test_the_fused_rung_writes_into_buffers_and_default_into_new_arrays():
     assert y3 is not y4 and not np.shares_memory(y3, y4)
     assert np.array_equal(y3, y1) and np.array_equal(c3.xhat, c1.xhat)
     assert np.array_equal(dx3, dx1) and np.array_equal(dg3, dg1)
+
+
+def test_thread_scaling_takes_its_ratios_within_each_round(monkeypatch):
+    # Scripted timings: x_floor is the median of per-round time / floor, the
+    # speed-up the median of per-round baseline / time, per thread count.
+    script = {"copy": [1.0, 2.0, 4.0]}
+    for d in ("forward", "backward"):
+        script[d, 1] = [2.0, 2.0, 2.0]
+        script[d, 3] = [0.5, 1.0, 4.0]
+
+    def fake_round_robin(calls, repeat, seed=0):
+        return {key: list(script[key]) for key in calls}
+
+    monkeypatch.setattr(bench, "time_round_robin", fake_round_robin)
+    monkeypatch.setattr(bench, "copy_arrays", lambda: (np.ones(8), np.empty(8)))
+    r = bench.thread_scaling((2, 4), np.float32, threads=(1, 3), repeat=3)
+    assert sorted(r) == [("backward", 1), ("backward", 3),
+                         ("forward", 1), ("forward", 3)]
+    bw = 2 * 64 / np.array(script["copy"])
+    for (d, n), v in r.items():
+        t = np.array(script[d, n])
+        fb = bench.floor_bytes(d, (2, 4), np.float32)
+        assert v["x_floor"] == pytest.approx(np.median(t * bw / fb))
+        assert v["speedup"] == pytest.approx(np.median(2.0 / t))
+        assert v["seconds"]["samples"] == list(t)
+
+
+def test_thread_scaling_and_run_refuse_bad_thread_counts():
+    with pytest.raises(ValueError, match="threads"):
+        bench.thread_scaling((2, 3), np.float32, threads=())
+    with pytest.raises(ValueError, match="threads"):
+        bench.thread_scaling((2, 3), np.float32, threads=(1, 0))
+    with pytest.raises(TypeError, match="threads"):
+        bench.thread_scaling((2, 3), np.float32, threads=(1, 2.0))
+
+
+def test_the_fused_rung_runs_on_the_threads_it_is_given(monkeypatch):
+    seen = []
+    real = lnorm.fused.backward
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("threads"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(lnorm.fused, "backward", spy)
+    calls, _ = bench._calls((3, 16), np.float32, None, 0, threads=2)
+    calls["fused", "backward"]()
+    assert seen == [2]

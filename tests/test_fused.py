@@ -2,8 +2,10 @@
 to rounding, on every awkward shape, dtype and memory layout; same checks and
 errors; inputs untouched; dgamma/dbeta deterministic; NaN stays in its row;
 the streaming stores change nothing but speed; out=
-gives the same bits in the caller's arrays; float32 stays accurate at large
-row offsets."""
+gives the same bits in the caller's arrays; any number of threads gives the
+same bits; float32 stays accurate at large row offsets."""
+
+import threading
 
 import numpy as np
 import pytest
@@ -127,7 +129,11 @@ def test_dgamma_and_dbeta_are_the_same_bits_on_every_call():
 
 
 def _documented_blocks(rows: int, D: int) -> list[np.ndarray]:
-    """The rows of each dgamma/dbeta block, in the order fused.py documents."""
+    """The rows of each dgamma/dbeta block, in the order fused.py documents:
+    chunk by chunk of CHUNK_ROWS rows, each grouped as a batch of its own."""
+    if rows > fused.CHUNK_ROWS:
+        return [block + c for c in range(0, rows, fused.CHUNK_ROWS)
+                for block in _documented_blocks(min(fused.CHUNK_ROWS, rows - c), D)]
     if D < fused.GROUP_FROM_D:
         return [np.arange(b, min(b + fused.BLOCK_ROWS, rows))
                 for b in range(0, rows, fused.BLOCK_ROWS)]
@@ -142,21 +148,23 @@ def _documented_blocks(rows: int, D: int) -> list[np.ndarray]:
     return grouped + [np.arange(b, min(b + fused.BLOCK_ROWS, rows)) for b in rest]
 
 
+@pytest.mark.parametrize("rows", [2 * fused.BLOCK_ROWS + 5,
+                                  fused.CHUNK_ROWS + fused.BLOCK_ROWS + 6])
 @pytest.mark.parametrize("D", [16, fused.GROUP_FROM_D + 1])
-def test_dgamma_is_summed_per_block_then_across_blocks(D):
+def test_dgamma_is_summed_per_block_then_across_blocks(D, rows):
     # The documented order: float64 sums over each block, then block 0 +
     # block 1 + ... Short rows: blocks of BLOCK_ROWS neighbouring rows. Long
-    # rows go in groups of four rows a quarter of the batch apart, BLOCK_ROWS/4
+    # rows go in groups of four rows a quarter of the chunk apart, BLOCK_ROWS/4
     # groups per block, and the rows left over after them in blocks of their
-    # own. Rebuilt here with NumPy in float64.
-    rows = 2 * fused.BLOCK_ROWS + 5
+    # own. More than CHUNK_ROWS rows: the same, chunk by chunk. Rebuilt here
+    # with NumPy in float64.
     x, gamma, beta, dy = make_inputs((rows, D), np.float64, seed=9)
     _, cache = fused.forward(x, gamma, beta)
     _, dgamma, dbeta = fused.backward(dy, cache)
     p = dy * cache.xhat
     blocks = _documented_blocks(rows, D)
     assert sorted(np.concatenate(blocks)) == list(range(rows))
-    assert len(blocks) == fused._block_count(rows, D)
+    assert len(blocks) == fused._chunked_block_count(rows, D)
     dgamma_ref = np.zeros(D)
     dbeta_ref = np.zeros(D)
     for block in blocks:
@@ -459,3 +467,88 @@ def test_forward_out_must_be_two_separate_arrays():
     _, cache = fused.forward(x, gamma, beta, out=(buf, xhat_buf))
     with pytest.raises(ValueError, match="shares memory"):
         fused.backward(x, cache, out=xhat_buf)
+
+
+# Zero rows, fewer rows than threads, one chunk, several chunks with a short
+# last one, rows in groups of four over chunks, float16 through its float32
+# copy, three leading axes.
+THREAD_CASES = [
+    ((0, 5), np.float32),
+    ((1, 7), np.float64),
+    ((3, 1), np.float32),
+    ((fused.CHUNK_ROWS // 2, 33), np.float32),
+    ((2 * fused.CHUNK_ROWS + 37, 33), np.float64),
+    ((2 * fused.CHUNK_ROWS + 5, fused.GROUP_FROM_D + 3), np.float32),
+    ((fused.CHUNK_ROWS + 9, 40), np.float16),
+    ((3, 5, 200, 9), np.float32),
+]
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+@pytest.mark.parametrize("shape, dtype", THREAD_CASES)
+def test_any_number_of_threads_gives_the_same_bits(shape, dtype, threads):
+    # The forward splits rows, which are independent. The backward splits
+    # chunks, whose dgamma/dbeta blocks are summed in an order fixed by the
+    # chunks alone; threads only decide who computes which chunk.
+    x, gamma, beta, dy = make_inputs(shape, dtype, seed=threads)
+    y1, cache1 = fused.forward(x, gamma, beta)
+    yn, cachen = fused.forward(x, gamma, beta, threads=threads)
+    assert np.array_equal(yn, y1)
+    assert np.array_equal(cachen.xhat, cache1.xhat)
+    assert np.array_equal(cachen.rstd, cache1.rstd)
+    for one, many in zip(fused.backward(dy, cache1),
+                         fused.backward(dy, cache1, threads=threads)):
+        assert many.dtype == one.dtype
+        assert np.array_equal(many, one)
+
+
+def test_threads_write_into_out_too():
+    x, gamma, beta, dy = make_inputs((2 * fused.CHUNK_ROWS + 3, 24), np.float32)
+    y1, cache1 = fused.forward(x, gamma, beta)
+    dx1, _, _ = fused.backward(dy, cache1)
+    y_buf, xhat_buf, dx_buf = (np.full_like(x, np.nan) for _ in range(3))
+    y, cache = fused.forward(x, gamma, beta, out=(y_buf, xhat_buf), threads=2)
+    dx, _, _ = fused.backward(dy, cache, out=dx_buf, threads=2)
+    assert y is y_buf and dx is dx_buf
+    assert np.array_equal(y_buf, y1) and np.array_equal(dx_buf, dx1)
+
+
+def test_each_thread_takes_its_own_contiguous_range(monkeypatch):
+    # Three threads over five chunks: jobs of 1, 2 and 2 chunks in order, each
+    # run by a different thread, the first by the caller's.
+    seen = []
+    loop = fused._backward_chunks
+
+    def spy(*args):
+        seen.append((args[-2], args[-1], threading.get_ident()))
+        return loop(*args)
+
+    monkeypatch.setattr(fused, "_backward_chunks", spy)
+    x, gamma, beta, dy = make_inputs((5 * fused.CHUNK_ROWS - 1, 8), np.float64)
+    _, cache = fused.forward(x, gamma, beta)
+    fused.backward(dy, cache, threads=3)
+    ranges = sorted((first, last) for first, last, _ in seen)
+    assert ranges == [(0, 1), (1, 3), (3, 5)]
+    assert len({ident for *_, ident in seen}) == 3
+    assert threading.get_ident() in {ident for *_, ident in seen}
+
+
+@pytest.mark.parametrize("bad, err", [(0, ValueError), (-2, ValueError),
+                                      (1.0, TypeError), (True, TypeError),
+                                      ("2", TypeError), (None, TypeError)])
+def test_bad_threads_are_refused(bad, err):
+    x, gamma, beta, dy = make_inputs((4, 6), np.float32, seed=7)
+    with pytest.raises(err, match="threads"):
+        fused.forward(x, gamma, beta, threads=bad)
+    _, cache = fused.forward(x, gamma, beta)
+    with pytest.raises(err, match="threads"):
+        fused.backward(dy, cache, threads=bad)
+
+
+def test_an_error_in_another_thread_reaches_the_caller():
+    def loop(i):
+        if i == 2:
+            raise RuntimeError("job 2 failed")
+
+    with pytest.raises(RuntimeError, match="job 2"):
+        fused._in_threads(loop, [(0,), (1,), (2,)])
