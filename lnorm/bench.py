@@ -604,7 +604,8 @@ def run(
     Returns
     -------
     dict
-        ``{"machine", "repeat", "seed", "copy_bytes", "results"}``; a result
+        ``{"machine", "repeat", "seed", "copy_bytes", "fused_threads",
+        "results"}``; a result
         per (shape, dtype, direction, impl) with ``seconds`` (min, median,
         max, samples), ``floor_bytes``, ``copy_gbs`` (the copy bandwidth of
         the same repetitions, GB/s), ``gbs`` (floor bytes per median second),
@@ -670,7 +671,8 @@ def run(
     if bar:
         bar.close()
     return {"machine": machine(threads), "repeat": repeat, "seed": seed,
-            "copy_bytes": int(2 * src.nbytes), "results": results}
+            "copy_bytes": int(2 * src.nbytes), "fused_threads": threads,
+            "results": results}
 
 
 def thread_scaling(shape: Sequence[int], dtype, threads: Sequence[int] = (1, 2),
@@ -1020,7 +1022,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ...     status = main(["--shape", "4", "8", "--repeat", "1", "--json"])
     >>> report = json.loads(out.getvalue())
     >>> status, sorted(report), len(report["results"])
-    (0, ['copy_bytes', 'machine', 'repeat', 'results', 'seed'], 8)
+    (0, ['copy_bytes', 'fused_threads', 'machine', 'repeat', 'results', 'seed'], 8)
     """
     args = _parse(argv)
     shapes = args.shape or (QUICK_SHAPES if args.quick else DEFAULT_SHAPES)
