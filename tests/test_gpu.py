@@ -646,6 +646,21 @@ def test_emulation_keeps_leading_dimensions_and_zero_rows():
     assert dx.shape == (0, 20) and not dgamma.any() and not dbeta.any()
 
 
+def test_float16_outputs_past_the_range_round_to_inf_without_a_warning():
+    # cvt.rn.f16.f32 rounds a float32 past 65504 to +-inf; so does the
+    # emulation, quietly (NumPy would warn about the overflowing cast).
+    x = np.zeros((2, 8), np.float16)
+    x[0, :2] = 60000, -60000
+    gamma = np.full(8, 60000, np.float16)
+    dy = np.zeros_like(x)
+    dy[0, 2] = 60000  # dx[0, 2] = rstd * (g - mean(g) - ...) is about 1.3e5
+    with np.errstate(over="raise"):
+        y, hi, lo, rstd = emulate.forward(x, gamma, np.zeros(8, np.float16))
+        dx, _, _ = emulate.backward(dy, x, gamma, hi, lo, rstd)
+    assert y.dtype == np.float16 and y[0, 0] == np.inf and y[0, 1] == -np.inf
+    assert dx[0, 2] == np.inf and np.all(np.isfinite(np.delete(dx[0], 2)))
+
+
 def test_v3_order_of_the_atomics():
     """Any finishing order of the row groups stays within order_bound of v4's
     fixed order; some orders change the bits; a wrong sum is caught."""

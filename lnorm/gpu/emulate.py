@@ -41,6 +41,13 @@ __all__ = ["forward", "backward", "row_sum", "strip_sums", "reduce_partials",
 F32 = np.float32
 
 
+
+def _rounded(a: np.ndarray, dtype) -> np.ndarray:
+    """``a`` (float32) rounded to the output dtype. A value past float16's range
+    becomes +-inf, as the kernels' ``cvt.rn.f16.f32`` makes it: no warning."""
+    with np.errstate(over="ignore"):
+        return a.astype(dtype)
+
 def _lanes(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     """Arrange rows as the threads hold them: ``[row, i, thread, c]``, zero-padded.
 
@@ -164,7 +171,7 @@ def forward(
     rstd = F32(1) / np.sqrt(row_sum(d * d, p) / D + F32(eps))
     y = d * rstd[:, None] * np.asarray(gamma, F32) + np.asarray(beta, F32)
     lead = x.shape[:-1]
-    return (y.astype(x.dtype).reshape(x.shape), mean_hi.reshape(lead),
+    return (_rounded(y, x.dtype).reshape(x.shape), mean_hi.reshape(lead),
             mean_lo.reshape(lead), rstd.reshape(lead))
 
 
@@ -441,4 +448,4 @@ def backward(
         dgamma, dbeta = (reduce_partials(block_partials(part, p)) for part in parts)
     else:
         dgamma, dbeta = (reduce_partials(part) for part in parts)
-    return dx.astype(x.dtype).reshape(x.shape), dgamma, dbeta
+    return _rounded(dx, x.dtype).reshape(x.shape), dgamma, dbeta
