@@ -461,6 +461,14 @@ def time_round_robin(
     return times
 
 
+def _fused_buffers(x, dy, cache) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fused loop's ``out=`` arrays (y, xhat, dx), allocated once, each apart
+    from the arrays its loop streams with (:func:`lnorm.fused.empty_apart`)."""
+    y_buf = fused.empty_apart(x.shape, x.dtype, x)
+    xhat_buf = fused.empty_apart(x.shape, x.dtype, x, y_buf)
+    return y_buf, xhat_buf, fused.empty_apart(x.shape, x.dtype, dy, cache.xhat)
+
+
 def _calls(shape, dtype, block_rows: int | None, seed: int, threads: int = 1):
     """Zero-argument callables for every (implementation, direction); tiled block.
 
@@ -470,11 +478,7 @@ def _calls(shape, dtype, block_rows: int | None, seed: int, threads: int = 1):
     br = tile_rows(D) if block_rows is None else block_rows
     _, saved = reference_forward(x, gamma, beta)
     _, cache = forward(x, gamma, beta)
-    # The fused rung's outputs, allocated once, apart from the arrays each
-    # loop streams with (fused.empty_apart).
-    y_buf = fused.empty_apart(x.shape, x.dtype, x)
-    xhat_buf = fused.empty_apart(x.shape, x.dtype, x, y_buf)
-    dx_buf = fused.empty_apart(x.shape, x.dtype, dy, cache.xhat)
+    y_buf, xhat_buf, dx_buf = _fused_buffers(x, dy, cache)
     calls = {
         ("reference", "forward"): lambda: reference_forward(x, gamma, beta),
         ("reference", "backward"): lambda: reference_backward(dy, saved, gamma),
@@ -713,7 +717,8 @@ def thread_scaling(shape: Sequence[int], dtype, threads: Sequence[int] = (1, 2),
 
     See Also
     --------
-    run : The ladder, with ``threads`` for every rung.
+    run : The ladder; its ``threads`` sets the BLAS threads and the fused
+        rung's.
 
     Examples
     --------
@@ -728,9 +733,7 @@ def thread_scaling(shape: Sequence[int], dtype, threads: Sequence[int] = (1, 2),
     seed = check_int(seed, "seed", 0)
     x, gamma, beta, dy = make_inputs(shape, dtype, seed)
     _, cache = fused.forward(x, gamma, beta)
-    y_buf = fused.empty_apart(x.shape, x.dtype, x)
-    xhat_buf = fused.empty_apart(x.shape, x.dtype, x, y_buf)
-    dx_buf = fused.empty_apart(x.shape, x.dtype, dy, cache.xhat)
+    y_buf, xhat_buf, dx_buf = _fused_buffers(x, dy, cache)
     calls = {}
     for n in counts:
         calls["forward", n] = lambda n=n: fused.forward(
