@@ -494,6 +494,15 @@ def _calls(shape, dtype, block_rows: int | None, seed: int, threads: int = 1):
     return calls, br
 
 
+def _with_copy(calls: dict, src: np.ndarray, dst: np.ndarray, repeat: int,
+               seed: int) -> tuple[dict, np.ndarray]:
+    """:func:`time_round_robin` of ``calls`` with the copy ``dst <- src`` among
+    them; returns the calls' times and the copy bandwidth (B/s) of each round."""
+    times = time_round_robin({**calls, "copy": lambda: np.copyto(dst, src)},
+                             repeat, seed)
+    return times, 2.0 * src.nbytes / np.asarray(times.pop("copy"))
+
+
 def _stats(samples: Sequence[float]) -> dict:
     a = np.asarray(samples, dtype=float)
     return {"min": float(a.min()), "median": float(np.median(a)), "max": float(a.max()),
@@ -649,10 +658,7 @@ def run(
             shape = tuple(int(s) for s in shape)
             for dt in dtypes:
                 calls, br = _calls(shape, dt, block_rows, seed, threads)
-                calls["copy"] = lambda: np.copyto(dst, src)
-                times = time_round_robin(calls, repeat, seed)
-                # Copy bandwidth in B/s, one per repetition.
-                bw = 2.0 * src.nbytes / np.asarray(times.pop("copy"))
+                times, bw = _with_copy(calls, src, dst, repeat, seed)
                 for (impl, direction), ts in times.items():
                     fb = floor_bytes(direction, shape, dt)
                     t = np.asarray(ts)
@@ -740,10 +746,7 @@ def thread_scaling(shape: Sequence[int], dtype, threads: Sequence[int] = (1, 2),
             x, gamma, beta, out=(y_buf, xhat_buf), threads=n)
         calls["backward", n] = lambda n=n: fused.backward(
             dy, cache, out=dx_buf, threads=n)
-    src, dst = copy_arrays()
-    calls["copy"] = lambda: np.copyto(dst, src)
-    times = time_round_robin(calls, repeat, seed)
-    bw = 2.0 * src.nbytes / np.asarray(times.pop("copy"))
+    times, bw = _with_copy(calls, *copy_arrays(), repeat, seed)
     out = {}
     for (direction, n), ts in times.items():
         t = np.asarray(ts)

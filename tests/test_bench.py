@@ -23,6 +23,21 @@ def _quick_json(capsys, *extra):
     return json.loads(capsys.readouterr().out)
 
 
+def _scripted(monkeypatch, script):
+    """Timings from ``script`` (seconds per round, by key) instead of the clock,
+    with a 64-byte copy yardstick."""
+    monkeypatch.setattr(bench, "time_round_robin",
+                        lambda calls, repeat, seed=0:
+                        {key: list(script[key]) for key in calls})
+    _small_copy(monkeypatch)
+
+
+def _small_copy(monkeypatch):
+    """A copy yardstick of 64 bytes, for tests that do not look at its size
+    (the real one is four times the last-level cache, gigabytes here)."""
+    monkeypatch.setattr(bench, "copy_arrays", lambda: (np.ones(8), np.empty(8)))
+
+
 def test_quick_json_report_is_well_formed(capsys):
     report = _quick_json(capsys, "--seed", "3")
     assert set(report) == {"machine", "repeat", "seed", "copy_bytes",
@@ -69,11 +84,7 @@ def test_ratios_are_taken_within_each_round(monkeypatch):
                 [1.0, 1.0, 1.0] if impl == "reference" else [0.5, 2.0, 8.0]
             )
 
-    def fake_round_robin(calls, repeat, seed=0):
-        return {key: list(script[key]) for key in calls}
-
-    monkeypatch.setattr(bench, "time_round_robin", fake_round_robin)
-    _small_copy(monkeypatch)
+    _scripted(monkeypatch, script)
     report = bench.run([(2, 4)], repeat=3, progress=False)
     for r in report["results"]:
         bw = 2 * 64 / np.array(script["copy"])  # bytes/s of each round
@@ -81,12 +92,6 @@ def test_ratios_are_taken_within_each_round(monkeypatch):
         assert r["x_floor"] == pytest.approx(np.median(t * bw / r["floor_bytes"]))
         assert r["speedup_vs_reference"] == pytest.approx(np.median(1.0 / t))
         assert r["copy_gbs"] == pytest.approx(np.median(bw) / 1e9)
-
-
-def _small_copy(monkeypatch):
-    """A copy yardstick of 64 bytes, for tests that do not look at its size
-    (the real one is four times the last-level cache, gigabytes here)."""
-    monkeypatch.setattr(bench, "copy_arrays", lambda: (np.ones(8), np.empty(8)))
 
 
 def test_floor_bytes_are_the_hand_counted_minimum(capsys, monkeypatch):
@@ -255,11 +260,7 @@ def test_thread_scaling_takes_its_ratios_within_each_round(monkeypatch):
         script[d, 1] = [2.0, 2.0, 2.0]
         script[d, 3] = [0.5, 1.0, 4.0]
 
-    def fake_round_robin(calls, repeat, seed=0):
-        return {key: list(script[key]) for key in calls}
-
-    monkeypatch.setattr(bench, "time_round_robin", fake_round_robin)
-    _small_copy(monkeypatch)
+    _scripted(monkeypatch, script)
     r = bench.thread_scaling((2, 4), np.float32, threads=(1, 3), repeat=3)
     assert sorted(r) == [("backward", 1), ("backward", 3),
                          ("forward", 1), ("forward", 3)]
