@@ -332,6 +332,22 @@ def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
 
 
 @pytest.mark.slow
+def test_control_v5_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
+    """v5's prefetch of the next row copying one vector past its end: the
+    copy reads past x (on the host the copy is a plain memcpy). At D = 1028
+    the 96 threads of a row cover more vectors than the row has."""
+
+    def one_past(text):
+        at = text.index("auto prefetch = ")
+        return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
+
+    rc, out = run_control(tmp_path, "layernorm_backward.cu", one_past, (3, 1028),
+                          "asan")
+    assert rc != 0 and OVERFLOW in out and "layernorm_backward_grouped" in out, (
+        out[-4000:])
+
+
+@pytest.mark.slow
 def test_control_long_row_read_past_its_end_is_a_heap_overflow(host, tmp_path):
     """The same for the long-row kernels: one vector past the last chunk."""
 

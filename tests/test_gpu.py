@@ -413,25 +413,44 @@ def test_grouped_backward_is_v4_with_block_partials(compiled):
     """v5: v4's loads, stores and shuffles per row, the rows' with a streaming
     hint; the partial row written once per block (after the groups' hand-over,
     outside the row loop); two barriers per row sum, and two per hand-over
-    round; the hand-over buffer in shared memory."""
+    round; the hand-over buffer in shared memory. The variants of 16-byte
+    vectors copy x and dy into shared memory with cp.async instead of loading
+    them: the first row before the loop, the next row in it, the same
+    instructions and bytes as v4's loads; one wait per row."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if GROUPED.fullmatch(n)}
     assert len(grouped) == 8
+    rows = {"x", "dy"}
     for name, r in grouped.items():
+        mapping, _, vec = GROUPED.fullmatch(name).groups()
+        staged = vec != "1"
         v4 = reports[name.replace("_grouped", "")]
+        v4_loads = v4.per_argument("ld", in_loop=True)
         for kind in ("ld", "st"):
             for in_loop in (True, False):
-                assert r.per_argument(kind, in_loop=in_loop) == v4.per_argument(
-                    kind, in_loop=in_loop), (name, kind, in_loop)
+                want = v4.per_argument(kind, in_loop=in_loop)
+                if staged and kind == "ld":
+                    want = {a: n for a, n in want.items() if a not in rows}
+                assert r.per_argument(kind, in_loop=in_loop) == want, (
+                    name, kind, in_loop)
+        copies = {a: n for a, n in v4_loads.items() if a in rows} if staged else {}
+        assert r.per_argument("cp", in_loop=True) == copies, name
+        assert r.per_argument("cp", in_loop=False) == copies, name
+        assert r.count("cp.async.wait_group") == (1 if staged else 0), name
         assert r.count("shfl.sync.bfly") == v4.count("shfl.sync.bfly"), name
-        # x, dy and dx, read or written once, with the streaming hint; nothing
-        # else (gamma, the statistics, the partial sums), and nothing in v4
+        # x, dy and dx, read or written once, with the streaming hint (the
+        # copies: .cg, through L2 only); nothing else (gamma, the statistics,
+        # the partial sums), and nothing in v4
         loads = r.per_argument("ld", in_loop=True)
-        assert r.count("ld.global.cs") == loads["x"][0] + loads["dy"][0], name
+        streamed = 0 if staged else loads["x"][0] + loads["dy"][0]
+        assert r.count("ld.global.cs") == streamed, name
+        assert r.count("cp.async.ca") == 0, name
         assert r.count("st.global.cs") == r.per_argument("st", in_loop=True)["dx"][0]
         assert v4.count("ld.global.cs") == v4.count("st.global.cs") == 0
-        hand_over = 2 * 4 * C["LN_ELEMS_PER_THREAD"] * C["LN_MAX_ROW_THREADS"] // 2
-        if GROUPED.fullmatch(name).group(1) == "block":
+        largest = C["LN_MAX_ROW_THREADS"] if mapping == "block" else 32 * C[
+            "LN_WARPS_PER_BLOCK"]
+        hand_over = 2 * 4 * C["LN_ELEMS_PER_THREAD"] * largest // 2
+        if mapping == "block":
             assert r.count("bar.sync") == 2 + 2, name
             assert r.shared_bytes == hand_over + 2 * 8 * C["LN_MAX_ROW_THREADS"] // 32
         else:
@@ -527,7 +546,9 @@ def test_registers_fit_the_block_and_nothing_spills(compiled):
         )
         # 65536 registers per SM: the largest block must still launch.
         assert u.registers * reports[name].max_threads <= 65536, (arch, name, u)
-        assert u.shared_bytes == reports[name].shared_bytes, (arch, name, u)
+        # ptxas rounds up to 16 bytes in the backward's module, which declares
+        # v5's 16-byte aligned dynamic buffer.
+        assert 0 <= u.shared_bytes - reports[name].shared_bytes < 16, (arch, name, u)
 
 
 def test_ptx_attributes_loads_to_arguments():
@@ -859,27 +880,37 @@ def _fake_cupy(launches, ptx_types):
     def host(a):
         return np.asarray(a).view(_HostArray)
 
-    def launcher(name):
-        def launch(grid, block, args):
-            types_ = ptx_types[name]
-            assert len(args) == len(types_), name
-            for a, t in zip(args, types_):
-                if t == "u64":
-                    assert isinstance(a, _HostArray) and a.flags.c_contiguous, (
-                        name,
-                        t,
-                        type(a),
-                    )
-                    assert a.__array_interface__["data"][0] % 16 == 0 or a.size == 0
-                else:
-                    assert type(a) is {"u32": np.int32, "f32": np.float32}[t], (
-                        name,
-                        t,
-                        type(a),
-                    )
-            launches.append((name, grid, block, args))
+    class Kernel:
+        """A RawKernel: CUDA refuses more dynamic shared memory than the
+        kernel's attribute allows (48 KiB unless raised)."""
 
-        return launch
+        def __init__(self, name):
+            self.name, self.max_dynamic_shared_size_bytes = name, 48 * 1024
+            self.shared = []
+
+        def __call__(self, grid, block, args, shared_mem=0):
+            assert shared_mem <= self.max_dynamic_shared_size_bytes, self.name
+            self.shared.append(shared_mem)
+            launch(self.name, grid, block, args)
+
+    def launch(name, grid, block, args):
+        types_ = ptx_types[name]
+        assert len(args) == len(types_), name
+        for a, t in zip(args, types_):
+            if t == "u64":
+                assert isinstance(a, _HostArray) and a.flags.c_contiguous, (
+                    name,
+                    t,
+                    type(a),
+                )
+                assert a.__array_interface__["data"][0] % 16 == 0 or a.size == 0
+            else:
+                assert type(a) is {"u32": np.int32, "f32": np.float32}[t], (
+                    name,
+                    t,
+                    type(a),
+                )
+        launches.append((name, grid, block, args))
 
     cuda = types.ModuleType("cupy.cuda")
     cuda.nvrtc = real_nvrtc
@@ -896,7 +927,7 @@ def _fake_cupy(launches, ptx_types):
     cp.empty_like = lambda a: host(np.empty_like(a))
     cp.empty = lambda shape, dtype: host(np.empty(shape, dtype))
     cp.zeros = lambda shape, dtype: host(np.zeros(shape, dtype))
-    cp.RawModule = lambda path: types.SimpleNamespace(get_function=launcher)
+    cp.RawModule = lambda path: types.SimpleNamespace(get_function=Kernel)
     return cp, cuda
 
 
@@ -996,6 +1027,9 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         reduce_named = dict(zip(params[rname], rargs))
         assert reduce_named["row_groups"] == p5.backward_grid  # one row per block
         assert reduce_named["dgamma_part"] is named["dgamma_part"]
+        # the prefetch buffers: float16 rows of 16-byte vectors only, here
+        assert fused._functions[name].shared == [p5.backward_shared_bytes]
+        assert (p5.backward_shared_bytes > 0) == (p5.vec > 1)
 
 
 # --- the time model ------------------------------------------------------------------
@@ -1119,6 +1153,58 @@ def test_model_registers_match_ptxas():
         kind = "" if short.endswith("_long") else "_block"
         measured = usage[f"ln_{short}{kind}_f32_v4"].registers
         assert abs(measured - regs) <= 8, (short, measured, regs)
+    for short, shared in model.STATIC_SHARED.items():
+        for storage in ("f32_v4", "f16_v8"):
+            assert usage[f"ln_{short}_{storage}"].shared_bytes == shared, short
+
+
+def test_occupancy_follows_shared_memory():
+    # v5's float32 block: 33024 static + 131072 prefetch bytes, and 1 KiB the
+    # system keeps: one block of 228 KiB; registers allow one anyway.
+    p = kernels.plan(8192, 4096, "float32", "v5")
+    shared = model.STATIC_SHARED["bwd_grouped_block"] + p.backward_shared_bytes
+    assert model.occupancy(512, model.REGISTERS["bwd_grouped"], shared=shared) == 1
+    # 100 KiB blocks of 128 threads: registers would allow 8, shared memory 2.
+    assert model.occupancy(128, 64) == 8
+    assert model.occupancy(128, 64, shared=100 * 1024) == 2
+    assert model.occupancy(128, 64, shared=228 * 1024) == 0
+
+
+def test_model_prefetch_makes_a_step_bandwidth_bound():
+    h = model.H100
+    # k = 1 is the serial step: bytes, then the latency and the row sum.
+    one = model.predict("backward", 8192, 4096, "float32", rung="v5", rows_in_flight=1)
+    two = model.predict("backward", 8192, 4096, "float32", rung="v5")
+    p = kernels.plan(8192, 4096, "float32", "v5")
+    b_row = two.bytes / 8192
+    t_bytes = two.concurrent_groups * b_row / h.bandwidth
+    exposed = h.latency + h.block_reduction
+    assert t_bytes > exposed  # so with the next row in flight the bytes bind
+    second = p.partials_bytes / 2 / h.bandwidth + h.latency + h.launch_overhead
+    waves = -(-p.row_groups // two.concurrent_groups)
+    assert one.time == pytest.approx(
+        waves * p.rows_per_group * (t_bytes + exposed) + h.launch_overhead + second)
+    assert two.time == pytest.approx(
+        waves * (p.rows_per_group * t_bytes + h.latency) + h.launch_overhead + second)
+    # Three rows in flight gain nothing more once the bytes bind.
+    three = model.predict("backward", 8192, 4096, "float32", rung="v5",
+                          rows_in_flight=3)
+    assert three.time == pytest.approx(two.time)
+    # The kernels of scalars and the other rungs do not prefetch.
+    assert model.predict("backward", 8192, 4095, "float32", rung="v5").time == (
+        model.predict("backward", 8192, 4095, "float32", rung="v5",
+                      rows_in_flight=1).time)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_model_v5_backward_reaches_the_targets(dtype):
+    """The issue's targets by the model: 90% of the copy bandwidth from
+    8192 x 4096, 75% at 8192 x 1024 (v5's backward, which prefetches)."""
+    for D, target in ((1024, 0.75), (4096, 0.90), (8192, 0.90)):
+        share = model.predict("backward", 8192, D, dtype, rung="v5").share()
+        assert target <= share < 1, (D, share)
+    # v4, which does not prefetch, does not reach them.
+    assert model.predict("backward", 8192, 4096, dtype).share() < 0.90
 
 
 def test_recorded_gpu_measurements_are_complete():

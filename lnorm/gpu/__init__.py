@@ -16,7 +16,8 @@ The kernels are the ``*.cu`` files next to this module:
   with ``rung=``: ``ln_bwd_atomic_*`` (v3) adds the column sums into
   ``dgamma`` and ``dbeta`` with ``atomicAdd``, in the order the groups
   finish; ``ln_bwd_grouped_*`` (v5) lets the row groups of a block add their
-  column sums in shared memory first, one partial row per block;
+  column sums in shared memory first, one partial row per block, and copies
+  the next row into shared memory (``cp.async``) while it works on this one;
 * ``layernorm_long.cu``: both passes for rows longer than a block holds in
   registers (``D > max_D()``), taken in chunks and read again for every pass
   over the row, with the same order of every sum (the emulation covers them

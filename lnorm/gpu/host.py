@@ -88,8 +88,8 @@ def _unit(filename: str) -> str:  # no path in it: equal sources give one cache 
     lines = ['#include "cuda_host.h"', f'#include "{filename}"']
     for name in kernel_params(filename):
         lines.append(f'extern "C" void lnorm_launch_{name}(const unsigned* g, '
-                     f'const unsigned* b, void** a, const char* s) '
-                     f'{{ cuda_host::launch({name}, "{name}", g, b, a, s); }}')
+                     f'const unsigned* b, void** a, const char* s, unsigned m) '
+                     f'{{ cuda_host::launch({name}, "{name}", g, b, a, s, m); }}')
     return "\n".join(lines) + "\n"
 
 
@@ -322,8 +322,8 @@ class HostLayerNorm:
             for ptr in pointers:
                 self._lib.lnorm_host_free(ptr)
 
-    def launch(self, kernel: str, grid, block, args) -> None:
-        r"""Run ``kernel<<<grid, block>>>(*args)``, arguments as for a CuPy kernel.
+    def launch(self, kernel: str, grid, block, args, shared: int = 0) -> None:
+        r"""Run ``kernel<<<grid, block, shared>>>(*args)``, as a CuPy kernel takes them.
 
         Blocks run one after another, each with one OS thread per CUDA thread.
 
@@ -338,6 +338,8 @@ class HostLayerNorm:
             :meth:`lnorm.gpu.host.HostLayerNorm.buffers`), ``numpy.int32``,
             ``numpy.int64``, ``numpy.float32`` or ``numpy.float64``; the kinds
             are checked against the kernel's parameters.
+        shared : int, default 0
+            Bytes of dynamic shared memory (as CuPy's ``shared_mem``).
 
         Raises
         ------
@@ -383,7 +385,8 @@ class HostLayerNorm:
             sig += kind[1]
         argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         dims = [(ctypes.c_uint * 3)(*(tuple(d) + (1, 1, 1))[:3]) for d in (grid, block)]
-        getattr(self._lib, f"lnorm_launch_{kernel}")(*dims, argv, sig.encode())
+        getattr(self._lib, f"lnorm_launch_{kernel}")(*dims, argv, sig.encode(),
+                                                      ctypes.c_uint(shared))
 
     def forward(self, x, gamma, beta, eps: float = 1e-5) -> tuple:
         r"""Run the fused forward on the CPU, as the GPU class's forward runs it.
@@ -504,7 +507,8 @@ class HostLayerNorm:
                 return dx.copy(), params[0].copy(), params[1].copy()
             parts = [new((p.partial_rows, p.D), np.float32) for _ in range(2)]
             params = [new((p.D,), np.float32) for _ in range(2)]
-            self.launch(name, grid, block, (*ins, dx, *parts, *ints))
+            self.launch(name, grid, block, (*ins, dx, *parts, *ints),
+                        p.backward_shared_bytes)
             self.launch("ln_bwd_reduce_params", (math.ceil(p.D / 32),),
                         (32, constants()["LN_REDUCE_SLICES"]),
                         (*parts, np.int32(p.partial_rows), np.int32(p.D), *params))

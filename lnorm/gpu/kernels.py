@@ -85,8 +85,9 @@ MAX_ROW_GROUPS = 4096
 #: adds the column sums into dgamma and dbeta with atomics (one launch, not
 #: deterministic); ``"v4"``, the default, writes one partial row per row
 #: group and sums them in a fixed order; ``"v5"`` adds the column sums of the
-#: row groups of a block in shared memory first, one partial row per block.
-#: The forward is the same for every rung.
+#: row groups of a block in shared memory first, one partial row per block,
+#: and prefetches the next row into shared memory. The forward is the same
+#: for every rung.
 RUNGS = ("v3", "v4", "v5")
 #: v5 — its strips are the shortest (16 rows, doubled) whose partial sums
 #: stay within this fraction of the bytes the backward must move.
@@ -527,6 +528,40 @@ class LaunchPlan:
         (33554432, 1.0)
         """
         return 2 * 2 * 4 * self.partial_rows * self.D
+
+    @property
+    def backward_shared_bytes(self) -> int:
+        r"""Backward: bytes of dynamic shared memory per block of the launch.
+
+        v5's kernels of 16-byte vectors prefetch the next row of ``x`` and
+        ``dy`` into shared memory, in two buffers used in turn:
+        ``2 * 2 * 16 * (LN_ELEMS_PER_THREAD / vec)`` bytes per thread. The
+        other kernels take none.
+
+        Returns
+        -------
+        int
+            The launch's ``shared_mem``.
+
+        See Also
+        --------
+        lnorm.gpu.model.occupancy : Counts it against the SM's shared memory.
+
+        Examples
+        --------
+        >>> plan(8192, 4096, "float32", rung="v5").backward_shared_bytes  # 512 x 256
+        131072
+        >>> plan(8192, 4096, "float16", rung="v5").backward_shared_bytes  # 512 x 128
+        65536
+        >>> plan(8192, 4096, "float32").backward_shared_bytes  # v4: none
+        0
+        >>> plan(64, 7, "float32", rung="v5").backward_shared_bytes  # scalars: none
+        0
+        """
+        if self.rung != "v5" or self.vec == 1:
+            return 0
+        per_thread = 2 * 2 * 16 * (constants()["LN_ELEMS_PER_THREAD"] // self.vec)
+        return per_thread * (self.backward_block or self.block)
 
     @property
     def vecs_per_thread(self) -> int:

@@ -183,24 +183,28 @@ LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 // fewer partial sums than v4 for as many groups at once. So that every thread
 // of the block reaches the barriers of the row sums, the groups step through
 // rows_per_group rows together; a row past a group's strip is inactive.
+// Rows of 16-byte vectors are prefetched: the next row's x and dy are copied
+// into shared memory (cp.async) while the group works on this one.
 //
 // The row step is v4's arithmetic, written once below for v5 alone: v4's
 // kernel keeps its own code, whose compiled form the H100 timed.
 
-// One row of the backward for one thread: read x and dy once, recompute
-// xhat in registers, make both row reductions with `row_sum`, write dx once,
-// and add this row's dy * xhat and dy into the thread's column sums. A row
-// that is not `active` (v5 pads a block's strips to one length) reads and
-// writes nothing and adds zeros to the row sums, which every thread of the
-// group still makes. x, dy and dx stream (VecStream: read or written once).
-template <typename T, int VEC, typename RowSum>
+// One row of the backward for one thread: take x and dy once (`load_row(i,
+// at, xv, dyv)` gives the thread's i-th vector, elements at..at+VEC-1 of the
+// arrays), recompute xhat in registers, make both row reductions with
+// `row_sum_of`, write dx once, and add this row's dy * xhat and dy into the
+// thread's column sums. A row that is not `active` (v5 pads a block's strips
+// to one length) reads and writes nothing and adds zeros to the row sums,
+// which every thread of the group still makes. dx streams (VecStream:
+// written once).
+template <typename T, int VEC, typename LoadRow, typename RowSum>
 __device__ __forceinline__ void backward_row(
-    const T* __restrict__ dy, const T* __restrict__ x,
     const float* __restrict__ mean_hi, const float* __restrict__ mean_lo,
     const float* __restrict__ rstd, T* __restrict__ dx, long long row, int D,
     int t, int G, bool active, const float (&gam)[LN_ELEMS_PER_THREAD],
     float (&dgamma_acc)[LN_ELEMS_PER_THREAD],
-    float (&dbeta_acc)[LN_ELEMS_PER_THREAD], RowSum row_sum_of)
+    float (&dbeta_acc)[LN_ELEMS_PER_THREAD], LoadRow load_row,
+    RowSum row_sum_of)
 {
     constexpr int E = LN_ELEMS_PER_THREAD;
     constexpr int VPT = E / VEC;
@@ -209,7 +213,7 @@ __device__ __forceinline__ void backward_row(
     const float rs = rstd[row];
     const long long offset = row * D;
 
-    // Step 1: read x, dy once; xhat and g into registers; this thread's share
+    // Step 1: take x, dy once; xhat and g into registers; this thread's share
     // of sum(g) and sum(g * xhat); the column partials.
     float xhat[E], g[E];
     float2 part = make_float2(0.0f, 0.0f);
@@ -218,8 +222,7 @@ __device__ __forceinline__ void backward_row(
         const int v = t + i * G;
         if (active && v < nvec) {
             float xv[VEC], dyv[VEC];
-            VecStream<T, VEC>::load(x + offset + v * VEC, xv);
-            VecStream<T, VEC>::load(dy + offset + v * VEC, dyv);
+            load_row(i, offset + v * VEC, xv, dyv);
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
                 const int k = i * VEC + c;
@@ -327,8 +330,9 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 {
     constexpr int E = LN_ELEMS_PER_THREAD;
     // One group's column sums on their way to group 0 (P > 1 only, so a
-    // group has at most half the largest block).
-    __shared__ float columns[2][E][LN_MAX_ROW_THREADS / 2];
+    // group has at most half the largest block of the variant).
+    constexpr int MAX_GROUP = (PER_BLOCK ? LN_BLOCK_THREADS : LN_WARP_THREADS) / 2;
+    __shared__ float columns[2][E][MAX_GROUP];
     const int G = group_threads, P = blockDim.x / G;
     const int p = threadIdx.x / G, t = threadIdx.x % G;
     const long long group = (long long)blockIdx.x * P + p;
@@ -338,14 +342,67 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 
     const long long first = group * rows_per_group;
     const long long last = min(first + rows_per_group, (long long)rows);
+    auto row_sum_of = [G](float2 v) {
+        if constexpr (PER_BLOCK) return group_sum(v, G);
+        else return warp_sum(v);
+    };
+
+    // Rows of 16-byte vectors are prefetched: while a thread works on row k,
+    // its copies of row k + 1's x and dy are in flight into shared memory,
+    // so the latency of the loads is not waited out once per row. Two
+    // buffers, used in turn: the copies into one never race the reads of the
+    // other. Layout [buffer][x, dy][VPT][blockDim.x] of 16 bytes: a warp's
+    // reads of one vector are 512 consecutive bytes. Rows of scalars (D not
+    // a multiple of the vector) are read straight from global memory.
+    constexpr int VPT = E / VEC;
+    constexpr bool STAGED = VEC * sizeof(T) == 16;
+    LN_DYNAMIC_SHARED(uint4, staged);
+    const int nvec = D / VEC;
+    auto slot = [&](int buffer, int tensor, int i) {
+        return staged + ((buffer * 2 + tensor) * VPT + i) * blockDim.x
+               + threadIdx.x;
+    };
+    auto prefetch = [&](long long row, int buffer) {
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int v = t + i * G;
+            if (v < nvec) {
+                copy_async_16(slot(buffer, 0, i), x + row * D + v * VEC);
+                copy_async_16(slot(buffer, 1, i), dy + row * D + v * VEC);
+            }
+        }
+    };
+    if constexpr (STAGED) {
+        if (first < last) prefetch(first, 0);
+        async_commit();
+    }
     for (int k = 0; k < rows_per_group; ++k) {
         const bool active = first + k < last;
-        backward_row<T, VEC>(
-            dy, x, mean_hi, mean_lo, rstd, dx, active ? first + k : 0, D, t, G,
-            active, gam, dgamma_acc, dbeta_acc, [G](float2 v) {
-                if constexpr (PER_BLOCK) return group_sum(v, G);
-                else return warp_sum(v);
-            });
+        const long long row = active ? first + k : 0;
+        if constexpr (STAGED) {
+            if (first + k + 1 < last) prefetch(first + k + 1, (k + 1) & 1);
+            async_commit();  // a group, empty or not, for every row
+            async_wait<1>();  // row k's copies are done
+            backward_row<T, VEC>(
+                mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam,
+                dgamma_acc, dbeta_acc,
+                [&](int i, long long, float* xv, float* dyv) {
+                    Vec<T, VEC>::load(
+                        reinterpret_cast<const T*>(slot(k & 1, 0, i)), xv);
+                    Vec<T, VEC>::load(
+                        reinterpret_cast<const T*>(slot(k & 1, 1, i)), dyv);
+                },
+                row_sum_of);
+        } else {
+            backward_row<T, VEC>(
+                mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam,
+                dgamma_acc, dbeta_acc,
+                [&](int, long long at, float* xv, float* dyv) {
+                    VecStream<T, VEC>::load(x + at, xv);
+                    VecStream<T, VEC>::load(dy + at, dyv);
+                },
+                row_sum_of);
+        }
     }
 
     // Step 4: group q hands its column sums to group 0, q = 1, ..., P - 1 in
@@ -375,7 +432,10 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 }
 
 // v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
-// group_threads threads; the partial buffers have one row per block.
+// group_threads threads; the partial buffers have one row per block. The
+// variants of 16-byte vectors take 2 * 2 * 16 * (LN_ELEMS_PER_THREAD / VEC)
+// bytes of dynamic shared memory per thread (the prefetch buffers;
+// lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the others none.
 #define LN_BACKWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)   \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
     ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \

@@ -204,6 +204,39 @@ template <> struct VecStream<half_bits, 1> {
     }
 };
 
+// Asynchronous copies, global to shared memory (sm_80 and later), which v5's
+// backward uses to load the next row while it works on this one: the copy
+// needs no register, so the row in flight costs shared memory, not the
+// registers a row already fills. copy_async_16 starts a 16-byte copy (both
+// addresses aligned to 16; .cg: through L2 only, as the rows are read once);
+// async_commit closes a group of copies; async_wait<N> waits until at most N
+// groups of this thread are still in flight. A thread reads only what its own
+// copies wrote, so no barrier is needed between the copy and the read. On the
+// host the copy is done at once and the waits are no-ops.
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void async_commit() {
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void async_wait() {
+    asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
+}
+// The kernel's dynamic shared memory (the launch sets its size).
+#define LN_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
+#else
+inline void copy_async_16(void* smem, const void* gmem) {
+    __builtin_memcpy(smem, gmem, 16);
+}
+inline void async_commit() {}
+template <int N> inline void async_wait() {}
+#define LN_DYNAMIC_SHARED(T, name) \
+    T* name = reinterpret_cast<T*>(cuda_host::dynamic_shared())
+#endif
+
 // Row reductions. A butterfly (xor) shuffle leaves the sum in every lane, and
 // every lane adds the same two numbers at every step, so all lanes agree to
 // the bit. The order is fixed: lane i + lane i^16, then ^8, ^4, ^2, ^1.

@@ -93,7 +93,8 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
         each direction moves, and either the plan (``kernel_forward``,
         ``kernel_backward``, ``block``, grids, ``row_groups``,
         ``rows_per_group``, ``partials_bytes``, and for rows held in
-        registers ``rungs``: the backward of v3 and v5) or ``unsupported``
+        registers ``rungs``: the backward of v3 and v5, with v5's
+        ``backward_shared_bytes``) or ``unsupported``
         (the message of :func:`lnorm.gpu.kernels.plan`).
 
     See Also
@@ -112,6 +113,8 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
     >>> v5 = plan_launches(((8192, 4096),), ("float16",))[0]["rungs"]["v5"]
     >>> v5["kernel_backward"], v5["backward_block"], v5["partials_bytes"]
     ('ln_bwd_grouped_block_f16_v8', 512, 8388608)
+    >>> v5["backward_shared_bytes"]  # the prefetch buffers: 512 threads x 128 B
+    65536
     >>> plan_launches(((2**31, 64),), ("float32",))[0]["unsupported"][:28]
     'rows must be below 2**31 (th'
     """
@@ -141,7 +144,8 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
                             "backward_block": q.backward_block or q.block,
                             "backward_grid": q.backward_grid,
                             "rows_per_group": q.rows_per_group,
-                            "partials_bytes": q.partials_bytes}
+                            "partials_bytes": q.partials_bytes,
+                            "backward_shared_bytes": q.backward_shared_bytes}
             out.append(entry)
     return out
 

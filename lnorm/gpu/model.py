@@ -16,7 +16,16 @@ bandwidth and ``L`` the exposed latency: the memory latency plus the row
 sums (three in the forward, one in the backward).
 The kernel takes ``ceil(groups / C) * rows_per_group`` such steps. The first
 term is the bytes; the second is what a design that keeps the next row's
-loads in flight (prefetch, ``rows_in_flight=2``) would hide.
+loads in flight hides. With the loads of ``k`` rows in flight (v5's backward
+prefetches the next row into shared memory: ``k = 2``), a group issues row
+``r + k - 1`` before it waits for row ``r``, so the memory is never idle for
+lack of requests and a step costs::
+
+    t_row = max(C * b_row / B, (C * b_row / B + L) / k)
+
+bandwidth-bound as soon as the bytes of the ``k - 1`` rows issued ahead cover
+the latency; the first row of each strip still waits ``L`` (the fill). For
+``k = 1`` both forms are the same.
 
 Rows longer than a block holds in registers (``D > max_D()``) are taken in
 ``chunks`` and read again for every pass. The forward makes four passes over
@@ -51,7 +60,8 @@ import numpy as np
 from ..cost import traffic
 from .kernels import BACKWARD_KERNELS, plan
 
-__all__ = ["H100", "REGISTERS", "Device", "Prediction", "predict", "occupancy"]
+__all__ = ["H100", "REGISTERS", "STATIC_SHARED", "Device", "Prediction", "predict",
+           "occupancy"]
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,10 @@ class Device:
         The L2 cache.
     l2_latency : float, default 0.3e-6
         Seconds of L2 latency, exposed per chunk of a re-read.
+    shared_per_sm : int, default 228 KiB
+        Shared memory of one SM.
+    shared_reserved : int, default 1 KiB
+        Shared memory the system reserves per resident block.
 
     See Also
     --------
@@ -110,6 +124,8 @@ class Device:
     launch_overhead: float = 2e-6  # s per kernel launch, back to back
     l2_bytes: int = 50 * 2**20
     l2_latency: float = 0.3e-6  # s: exposed per chunk of a re-read from L2
+    shared_per_sm: int = 228 * 1024
+    shared_reserved: int = 1024  # per resident block
 
 
 #: An H100 SXM — 132 SMs, 3.0 TB/s copy bandwidth (as measured on one), 0.6 us
@@ -126,13 +142,21 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
              "bwd_atomic": 109, "bwd_grouped": 119}
 
+#: Static shared memory (bytes per block) of v5's backward, as ``ptxas -v``
+#: reports it: the hand-over of the column sums, sized for the largest group
+#: of the variant, and the row sums' slots. The other kernels' few hundred
+#: bytes never limit their occupancy and are left out.
+STATIC_SHARED = {"bwd_grouped_block": 33024, "bwd_grouped_warp": 8192}
 
-def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> int:
+
+def occupancy(threads_per_block: int, registers: int, device: Device = H100,
+              shared: int = 0) -> int:
     r"""Count the blocks of ``threads_per_block`` threads that fit on one SM at once.
 
     Registers are allocated per warp in units of 256 (CUDA occupancy rules);
-    the answer is the least of what the registers, the threads and the block
-    limit allow.
+    the answer is the least of what the registers, the threads, the shared
+    memory (``shared`` bytes per block, plus what the system reserves) and
+    the block limit allow.
 
     Parameters
     ----------
@@ -142,6 +166,8 @@ def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> 
         Registers per thread (as ``ptxas -v`` reports them).
     device : Device, default H100
         The SM's limits.
+    shared : int, default 0
+        Shared memory per block, static and dynamic, in bytes.
 
     Returns
     -------
@@ -159,12 +185,15 @@ def occupancy(threads_per_block: int, registers: int, device: Device = H100) -> 
     (6, 2)
     >>> occupancy(1024, 255)  # 1024 x 256 registers: more than the SM has
     0
+    >>> occupancy(128, 64), occupancy(128, 64, shared=64 * 1024)  # 64 KiB a block
+    (8, 3)
     """
     warps = math.ceil(threads_per_block / 32)
     regs_per_warp = math.ceil(registers * 32 / 256) * 256
     by_registers = device.registers_per_sm // (regs_per_warp * warps)
     by_threads = device.max_threads_per_sm // (32 * warps)
-    return max(0, min(by_registers, by_threads, device.max_blocks_per_sm))
+    by_shared = device.shared_per_sm // (shared + device.shared_reserved)
+    return max(0, min(by_registers, by_threads, by_shared, device.max_blocks_per_sm))
 
 
 @dataclass(frozen=True)
@@ -264,13 +293,14 @@ class Prediction:
 
 
 def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
-            registers: int | None = None, rows_in_flight: int = 1,
+            registers: int | None = None, rows_in_flight: int | None = None,
             rung: str = "v4", rows_per_group: int | None = None) -> Prediction:
     r"""Predict the time of the fused forward or backward (both kernels) at one shape.
 
-    ``time = steps * (C * b_row / B + L) + launch overhead``, with the terms
-    of the module docstring; the backward adds its second stage, reading the
-    partial sums once.
+    ``time = steps * max(C * b_row / B, (C * b_row / B + L) / k)``, plus the
+    fill (``L`` per strip when ``k > 1``) and the launch overhead, with the
+    terms of the module docstring; the backward adds its second stage,
+    reading the partial sums once.
 
     Parameters
     ----------
@@ -285,10 +315,11 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     registers : int, optional
         Registers per thread of the main kernel; default
         :data:`lnorm.gpu.model.REGISTERS`.
-    rows_in_flight : int, default 1
-        Rows whose loads a group keeps outstanding: 1 is the kernels here;
-        2 models prefetching the next row, which hides the latency ``L`` of
-        all but every second step.
+    rows_in_flight : int, optional
+        Rows whose loads a group keeps outstanding, ``k``. Default: what the
+        kernel does, 2 for v5's backward of 16-byte vectors (it prefetches
+        the next row, :attr:`lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes`),
+        1 for the others. Other values model designs not built.
     rung : {"v4", "v3", "v5"}, default "v4"
         The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds the
         column sums into dgamma and dbeta by atomics (in L2): no partial sums
@@ -326,6 +357,10 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     (134299648, 792, 11)
     >>> predict("forward", 8192, 4096, "float16", rows_in_flight=2).time < fwd.time
     True
+    >>> v5 = predict("backward", 8192, 4096, "float32", rung="v5")  # prefetches
+    >>> v5.time == predict("backward", 8192, 4096, "float32", rung="v5",
+    ...                    rows_in_flight=2).time
+    True
     >>> v3 = predict("backward", 8192, 4096, "float16", rung="v3")
     >>> v4 = predict("backward", 8192, 4096, "float16")
     >>> v3.bytes_moved == v3.bytes, v3.time < v4.time
@@ -361,14 +396,21 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         groups, per_group = p.row_groups, p.rows_per_group
         per_block, block = p.groups_per_block, p.backward_block or p.block
         extra = p.partials_bytes
-    blocks_per_sm = occupancy(block, regs, device)
+    shared = 0
+    if direction == "backward":
+        mapping = "block" if p.per_block else "warp"
+        shared = (STATIC_SHARED.get(f"{BACKWARD_KERNELS[rung]}_{mapping}", 0)
+                  + p.backward_shared_bytes)
+    if rows_in_flight is None:
+        rows_in_flight = 2 if direction == "backward" and p.backward_shared_bytes else 1
+    blocks_per_sm = occupancy(block, regs, device, shared)
     if blocks_per_sm == 0:
         raise ValueError(
-            f"a block of {block} threads with {regs} registers each does not fit "
-            f"on one SM of {device.name}."
+            f"a block of {block} threads with {regs} registers each and {shared} "
+            f"bytes of shared memory does not fit on one SM of {device.name}."
         )
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
-    latency = device.latency / rows_in_flight
+    latency = device.latency
     past_l2 = 0  # bytes of re-reads that L2 does not hold
     if p.chunks > 1 and direction == "forward":  # four passes over each row
         row_bytes = D * itemsize
@@ -386,9 +428,12 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     # backward one.
     reduction = device.block_reduction if p.per_block else device.warp_reduction
     exposed = latency + (3 if direction == "forward" else 1) * reduction
-    t_step = concurrent * b_row / device.bandwidth + exposed
-    steps = math.ceil(groups / concurrent) * per_group if rows else 0
-    time = steps * t_step + device.launch_overhead
+    t_bytes = concurrent * b_row / device.bandwidth
+    t_step = max(t_bytes, (t_bytes + exposed) / rows_in_flight)
+    waves = math.ceil(groups / concurrent) if rows else 0
+    fill = device.latency if rows_in_flight > 1 else 0.0  # a strip's first row
+    time = waves * (per_group * t_step + fill) + device.launch_overhead
+    steps = waves * per_group
     if direction == "backward" and p.partial_rows:
         # Second stage: read the partial sums once, at copy speed, plus its latency.
         time += (p.partials_bytes / 2 / device.bandwidth + device.latency

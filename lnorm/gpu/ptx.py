@@ -61,13 +61,15 @@ class MemoryOp:
 
     Attributes
     ----------
-    kind : {"ld", "st"}
+    kind : {"ld", "st", "cp"}
+        A load, a store, or an asynchronous copy from global to shared
+        memory (``cp.async``: a load that lands in shared memory).
     argument : str
         The kernel argument the address derives from (``"?"`` if not exactly one).
     vector : int
-        Elements moved by the instruction (1, 2 or 4).
+        Elements moved by the instruction (1, 2 or 4; 1 for a copy).
     bits : int
-        Bits per element (16 or 32).
+        Bits per element (16 or 32; a copy's whole size, 32 to 128).
     in_loop : bool
         Inside a loop of the PTX (between a label and a later branch back to it).
     offset : int
@@ -181,8 +183,8 @@ class KernelPTX:
 
         Parameters
         ----------
-        kind : {"ld", "st"}
-            Loads or stores.
+        kind : {"ld", "st", "cp"}
+            Loads, stores or asynchronous copies into shared memory.
         argument : str, optional
             Only those whose address derives from this kernel argument.
         in_loop : bool, optional
@@ -221,8 +223,8 @@ class KernelPTX:
 
         Parameters
         ----------
-        kind : {"ld", "st"}
-            Loads or stores.
+        kind : {"ld", "st", "cp"}
+            Loads, stores or asynchronous copies into shared memory.
         in_loop : bool, optional
             Only those inside (True) or outside (False) a loop of the PTX.
 
@@ -340,7 +342,8 @@ def _width(suffixes: str) -> tuple[int, int]:
     parts = suffixes.split(".")
     vector = next((int(p[1:]) for p in parts if re.fullmatch(r"v[248]", p)), 1)
     bits = next(
-        int(p[1:]) for p in reversed(parts) if re.fullmatch(r"[bfsu](8|16|32|64)", p)
+        int(p[1:]) for p in reversed(parts)
+        if re.fullmatch(r"[bfsu](8|16|32|64|128)", p)
     )
     return vector, bits
 
@@ -362,9 +365,16 @@ def _inspect_entry(
     memory_ops = []
     for i, line in enumerate(lines):
         m = re.fullmatch(r"(ld|st)\.global((?:\.\w+)*)\s+(.*);", line)
-        if not m:
+        copy = re.fullmatch(
+            r"cp\.async\.c[ag]\.shared\.global(?:\.\w+)*\s+\[[^]]*\],\s*(\[[^]]*\]),"
+            r"\s*(\d+)\s*;", line)
+        if copy:  # the source operand is the global address
+            kind, operands = "cp", copy.group(1)
+            suffixes = f".b{8 * int(copy.group(2))}"
+        elif not m:
             continue
-        kind, suffixes, operands = m.groups()
+        else:
+            kind, suffixes, operands = m.groups()
         address = re.search(r"\[(%\w+)(?:\+(-?\d+))?\]", operands)
         sources = origin.get(address.group(1), set()) if address else set()
         argument = label[next(iter(sources))] if len(sources) == 1 else "?"

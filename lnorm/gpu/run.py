@@ -294,7 +294,10 @@ class FusedLayerNorm:
         dbeta = cp.empty(p.D, dtype=cp.float32)
         dgamma_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
         dbeta_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
-        self._functions[name](grid, block, (*ins, dgamma_part, dbeta_part, *ints))
+        kernel, shared = self._functions[name], p.backward_shared_bytes
+        if shared > kernel.max_dynamic_shared_size_bytes:  # above 48 KiB: opt in
+            kernel.max_dynamic_shared_size_bytes = shared
+        kernel(grid, block, (*ins, dgamma_part, dbeta_part, *ints), shared_mem=shared)
         slices = constants()["LN_REDUCE_SLICES"]
         self._functions["ln_bwd_reduce_params"](
             (math.ceil(p.D / 32),),

@@ -13,8 +13,13 @@
 // atomicAdd on float is a relaxed std::atomic_ref read-modify-write: the
 // threads of a block race for it as on the GPU, blocks add in launch order.
 //
-// Not emulated: dynamic (extern) shared memory, other atomics, textures,
-// other shuffles than the xor one, warp-synchronous code without a shuffle.
+// Dynamic shared memory is one buffer per launch, of the launch's size, that
+// the kernel gets from cuda_host::dynamic_shared() (the kernel files' macro
+// LN_DYNAMIC_SHARED does that on the host). Asynchronous copies (cp.async)
+// are the kernel files' own business: on the host they copy at once.
+//
+// Not emulated: other atomics, textures, other shuffles than the xor one,
+// warp-synchronous code without a shuffle.
 #ifndef LNORM_CUDA_HOST_H
 #define LNORM_CUDA_HOST_H
 
@@ -186,6 +191,10 @@ struct Block {
 
 inline thread_local Block* this_block = nullptr;
 inline thread_local int lane_id = 0, warp_id = 0;
+// The launch's dynamic shared memory (blocks run one at a time: one buffer).
+inline thread_local unsigned char* dynamic_shared_bytes = nullptr;
+
+inline unsigned char* dynamic_shared() { return dynamic_shared_bytes; }
 
 inline Group& this_warp() { return this_block->warps[warp_id]; }
 
@@ -238,12 +247,13 @@ inline void call(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
     kernel(*static_cast<std::remove_cv_t<P>*>(args[I])...);
 }
 
-// Run kernel<<<grid, block>>>(args...). args[i] points at the i-th argument
-// (as for cuLaunchKernel); sig has one letter per parameter (p pointer,
-// f float, d double, i 32-bit integer, q 64-bit integer) and must match.
+// Run kernel<<<grid, block, shared>>>(args...). args[i] points at the i-th
+// argument (as for cuLaunchKernel); sig has one letter per parameter
+// (p pointer, f float, d double, i 32-bit integer, q 64-bit integer) and must
+// match; shared is the bytes of dynamic shared memory.
 template <class... P>
 void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
-            const unsigned* block3, void** args, const char* sig) {
+            const unsigned* block3, void** args, const char* sig, unsigned shared) {
     static constexpr char want[] = {arg_code<std::remove_cv_t<P>>()..., '\0'};
     if (std::strcmp(sig, want) != 0)
         fail("%s takes arguments of kinds \"%s\", got \"%s\"", name, want, sig);
@@ -258,11 +268,15 @@ void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
         b.warps[w].size = (int)(n - 32 * w < 32 ? n - 32 * w : 32);  // the last may be partial
     Group done;  // end of a block: everyone waits, the last one resets the block
     done.size = (int)n;
+    // 16-byte aligned, rounded up to 16 bytes (ASan sees a read past it).
+    std::vector<uint4> dynamic((shared + 15) / 16);
+    unsigned char* const dynamic_base = reinterpret_cast<unsigned char*>(dynamic.data());
     std::vector<std::thread> team;
     team.reserve(n);
     for (unsigned t = 0; t < n; ++t) {
         team.emplace_back([&, t] {
             this_block = &b;
+            dynamic_shared_bytes = dynamic_base;
             warp_id = (int)(t / 32);
             lane_id = (int)(t % 32);
             threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
