@@ -103,10 +103,11 @@ def test_shapes_reach_every_kernel_variant():
         for dt in (F32, F16)
         for direction in ("forward", "backward")
     } | {
-        kernels.plan(rows, D, dt, rung).kernel("backward")
+        kernels.plan(rows, D, dt, rung).kernel(direction)
         for rung, shapes in (("v3", ATOMIC_SHAPES), ("v5", GROUPED_SHAPES))
         for rows, D in shapes
         for dt in (F32, F16)
+        for direction in ("forward", "backward")
     }
     assert reached | {"ln_bwd_reduce_params"} == names
 
@@ -120,7 +121,9 @@ def test_grouped_backward_v5_equals_emulation_bit_for_bit(host, rows, D, dtype):
     assert_same_bits(got, want, f"v5, rows={rows}, D={D}, {dtype}", nan_payload=False)
     with np.errstate(all="ignore"):
         v4 = check.forward_backward(emulate.forward, emulate.backward, inp)
-    assert got["dx"].tobytes() == v4["dx"].tobytes()  # dx: v4's arithmetic
+    # dx and the whole forward (v5's own kernel): v4's arithmetic
+    for key in ("y", "mean_hi", "mean_lo", "rstd", "dx"):
+        assert got[key].tobytes() == v4[key].tobytes(), key
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
@@ -324,8 +327,10 @@ def test_control_v5_hand_over_without_barrier_is_a_data_race(host, tmp_path):
 
 @pytest.mark.slow
 def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
+    """The forward's row step (v4's and v5's) loading one vector past the row."""
+
     def one_past(text):
-        return text.replace("if (v < nvec)", "if (v <= nvec)", 1)
+        return text.replace("if (active && v < nvec)", "if (active && v <= nvec)", 1)
 
     rc, out = run_control(tmp_path, "layernorm_forward.cu", one_past, (3, 7), "asan")
     assert rc != 0 and OVERFLOW in out and "layernorm_forward" in out, out[-4000:]
@@ -344,6 +349,19 @@ def test_control_v5_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
     rc, out = run_control(tmp_path, "layernorm_backward.cu", one_past, (3, 1028),
                           "asan")
     assert rc != 0 and OVERFLOW in out and "layernorm_backward_grouped" in out, (
+        out[-4000:])
+
+
+@pytest.mark.slow
+def test_control_v5_forward_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
+    """The same for v5's forward, which prefetches x alone."""
+
+    def one_past(text):
+        at = text.index("auto prefetch = ")
+        return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
+
+    rc, out = run_control(tmp_path, "layernorm_forward.cu", one_past, (3, 1028), "asan")
+    assert rc != 0 and OVERFLOW in out and "layernorm_forward_grouped" in out, (
         out[-4000:])
 
 

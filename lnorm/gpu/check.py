@@ -102,7 +102,8 @@ def forward_backward(forward, backward, inputs: dict,
         :func:`lnorm.gpu.check.make_inputs` makes them.
     rung : {"v4", "v3", "v5"}, default "v4"
         Passed to ``backward`` as ``rung=`` unless it is the default (the
-        op-by-op backward takes no rung).
+        op-by-op backward takes no rung), and to ``forward`` for v5, whose
+        forward is a kernel of its own.
 
     Returns
     -------
@@ -123,8 +124,9 @@ def forward_backward(forward, backward, inputs: dict,
     ['y', 'mean_hi', 'mean_lo', 'rstd', 'dx', 'dgamma', 'dbeta']
     """
     x, gamma = inputs["x"], inputs["gamma"]
-    y, hi, lo, rstd = forward(x, gamma, inputs["beta"])
     rung_arg = {} if rung == "v4" else {"rung": rung}
+    fwd_arg = rung_arg if rung == "v5" else {}
+    y, hi, lo, rstd = forward(x, gamma, inputs["beta"], **fwd_arg)
     dx, dgamma, dbeta = backward(inputs["dy"], x, gamma, hi, lo, rstd, **rung_arg)
     out = {"y": y, "mean_hi": hi, "mean_lo": lo, "rstd": rstd, "dx": dx,
            "dgamma": dgamma, "dbeta": dbeta}

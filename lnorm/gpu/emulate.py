@@ -117,7 +117,8 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
 
 
 def forward(
-    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5
+    x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5, *,
+    rung: str = "v4",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     r"""Emulate the fused forward kernel.
 
@@ -136,6 +137,10 @@ def forward(
         Scale and shift.
     eps : float, default 1e-5
         Added to the variance.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        Whose forward kernel. They make the same sums in the same order (v5's
+        row group sums as a block of its size does), so the result does not
+        depend on it; it is checked like the kernels'.
 
     Returns
     -------
@@ -162,7 +167,7 @@ def forward(
     >>> float(hi[0]), float(lo[0])
     (10003.5, 0.0)
     """
-    p = check_forward_args(x, gamma, beta, eps)
+    p = check_forward_args(x, gamma, beta, eps, rung=rung)
     x32 = np.asarray(x, dtype=F32).reshape(p.rows, p.D)
     D = F32(p.D)
     mean_hi = row_sum(x32, p) / D

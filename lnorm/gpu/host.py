@@ -388,7 +388,7 @@ class HostLayerNorm:
         getattr(self._lib, f"lnorm_launch_{kernel}")(*dims, argv, sig.encode(),
                                                       ctypes.c_uint(shared))
 
-    def forward(self, x, gamma, beta, eps: float = 1e-5) -> tuple:
+    def forward(self, x, gamma, beta, eps: float = 1e-5, *, rung: str = "v4") -> tuple:
         r"""Run the fused forward on the CPU, as the GPU class's forward runs it.
 
         The launch of :meth:`lnorm.gpu.run.FusedLayerNorm.forward`, on the
@@ -402,6 +402,9 @@ class HostLayerNorm:
             Scale and shift.
         eps : float, default 1e-5
             Added to the variance.
+        rung : {"v4", "v3", "v5"}, default "v4"
+            Whose forward kernel, as for
+            :meth:`lnorm.gpu.run.FusedLayerNorm.forward`.
 
         Returns
         -------
@@ -432,15 +435,15 @@ class HostLayerNorm:
         ...     assert all(np.array_equal(a, w) for a, w in zip(got, want))
         """
         x, gamma, beta = (np.asarray(a) for a in (x, gamma, beta))
-        p = check_forward_args(x, gamma, beta, eps)
+        p = check_forward_args(x, gamma, beta, eps, rung=rung)
         lead = x.shape[:-1]
         if p.rows == 0:
             return (np.empty_like(x), *(np.empty(lead, np.float32) for _ in range(3)))
+        name, grid, block, args = p.forward_launch(eps)
         with self.buffers() as new:
             ins = [new(a.shape, a.dtype, a) for a in (x, gamma, beta)]
             outs = [new(x.shape, x.dtype), *(new(lead, np.float32) for _ in range(3))]
-            self.launch(p.kernel("forward"), (p.forward_grid,), (p.block,),
-                        (*ins, *outs, np.int32(p.rows), np.int32(p.D), np.float32(eps)))
+            self.launch(name, grid, block, (*ins, *outs, *args), p.forward_shared_bytes)
             return tuple(o.copy() for o in outs)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,

@@ -37,6 +37,7 @@ __all__ = [
     "MAX_ROW_GROUPS",
     "RUNGS",
     "BACKWARD_KERNELS",
+    "FORWARD_KERNELS",
     "PARTIALS_BUDGET",
     "constants",
     "source",
@@ -86,8 +87,8 @@ MAX_ROW_GROUPS = 4096
 #: deterministic); ``"v4"``, the default, writes one partial row per row
 #: group and sums them in a fixed order; ``"v5"`` adds the column sums of the
 #: row groups of a block in shared memory first, one partial row per block,
-#: and prefetches the next row into shared memory. The forward is the same
-#: for every rung.
+#: and prefetches the next row into shared memory. The forward of v3 and v4
+#: is the same kernel; v5's takes v5's strips and prefetch (the same bits).
 RUNGS = ("v3", "v4", "v5")
 #: v5 — its strips are the shortest (16 rows, doubled) whose partial sums
 #: stay within this fraction of the bytes the backward must move.
@@ -97,6 +98,8 @@ _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 #: The name of each rung's backward kernels, ``ln_<name>_{warp|block}_...``;
 #: also the key of its registers in :data:`lnorm.gpu.model.REGISTERS`.
 BACKWARD_KERNELS = {"v3": "bwd_atomic", "v4": "bwd", "v5": "bwd_grouped"}
+#: The name of each rung's forward kernels, likewise.
+FORWARD_KERNELS = {"v3": "fwd", "v4": "fwd", "v5": "fwd_grouped"}
 _MAX_VEC = {np.dtype(np.float32): 4, np.dtype(np.float16): 8}
 
 
@@ -118,7 +121,8 @@ def constants() -> dict[str, int]:
         ``{"LN_ELEMS_PER_THREAD": 16, ...}``, in the order of the sources:
         row elements per thread, rows per block of the warp-per-row kernels,
         the largest block, threads per column of the dgamma/dbeta reduction,
-        and rows per strip of the long-row backward.
+        the rows v5's forward and backward keep in flight, and rows per strip
+        of the long-row backward.
 
     See Also
     --------
@@ -133,6 +137,8 @@ def constants() -> dict[str, int]:
     LN_WARPS_PER_BLOCK 4
     LN_MAX_ROW_THREADS 512
     LN_REDUCE_SLICES 8
+    LN_FWD_ROWS_IN_FLIGHT 3
+    LN_BWD_ROWS_IN_FLIGHT 2
     LN_LONG_STRIP 16
     """
     return dict(_constants())
@@ -533,10 +539,10 @@ class LaunchPlan:
     def backward_shared_bytes(self) -> int:
         r"""Backward: bytes of dynamic shared memory per block of the launch.
 
-        v5's kernels of 16-byte vectors prefetch the next row of ``x`` and
-        ``dy`` into shared memory, in two buffers used in turn:
-        ``2 * 2 * 16 * (LN_ELEMS_PER_THREAD / vec)`` bytes per thread. The
-        other kernels take none.
+        v5's kernels of 16-byte vectors prefetch the next rows of ``x`` and
+        ``dy`` into shared memory, one buffer per row in flight:
+        ``LN_BWD_ROWS_IN_FLIGHT * 2 * 16 * (LN_ELEMS_PER_THREAD / vec)``
+        bytes per thread. The other kernels take none.
 
         Returns
         -------
@@ -558,10 +564,81 @@ class LaunchPlan:
         >>> plan(64, 7, "float32", rung="v5").backward_shared_bytes  # scalars: none
         0
         """
+        return self._prefetch_bytes("LN_BWD_ROWS_IN_FLIGHT", tensors=2)
+
+    @property
+    def forward_shared_bytes(self) -> int:
+        r"""Forward: bytes of dynamic shared memory per block of the launch.
+
+        v5's forward kernels of 16-byte vectors prefetch the next rows of
+        ``x``, one buffer per row in flight: ``LN_FWD_ROWS_IN_FLIGHT * 16 *
+        (LN_ELEMS_PER_THREAD / vec)`` bytes per thread. The other kernels
+        take none.
+
+        Returns
+        -------
+        int
+            The launch's ``shared_mem``.
+
+        Examples
+        --------
+        >>> plan(8192, 4096, "float32", rung="v5").forward_shared_bytes  # 512 x 192
+        98304
+        >>> plan(8192, 4096, "float32").forward_shared_bytes
+        0
+        """
+        return self._prefetch_bytes("LN_FWD_ROWS_IN_FLIGHT", tensors=1)
+
+    def _prefetch_bytes(self, rows_in_flight: str, tensors: int) -> int:
         if self.rung != "v5" or self.vec == 1:
             return 0
-        per_thread = 2 * 2 * 16 * (constants()["LN_ELEMS_PER_THREAD"] // self.vec)
+        c = constants()
+        vectors = c["LN_ELEMS_PER_THREAD"] // self.vec  # of 16 bytes, a row
+        per_thread = c[rows_in_flight] * tensors * 16 * vectors
         return per_thread * (self.backward_block or self.block)
+
+    def forward_launch(self, eps: float) -> tuple[str, tuple, tuple, tuple]:
+        r"""Return the forward kernel's launch: name, grid, block, trailing arguments.
+
+        The arguments follow the arrays (``x, gamma, beta, y, mean_hi,
+        mean_lo, rstd``): ``rows, D`` (``np.int32``) and ``eps``
+        (``np.float32``), and for v5 ``rows_per_group, group_threads``.
+        v5's forward is launched as its backward: the same grid, blocks and
+        strips.
+
+        Parameters
+        ----------
+        eps : float
+            Added to the variance.
+
+        Returns
+        -------
+        tuple
+            ``(kernel, (grid,), (block,), args)``.
+
+        See Also
+        --------
+        lnorm.gpu.kernels.LaunchPlan.backward_launch : The backward's.
+
+        Examples
+        --------
+        >>> p = plan(8192, 4096, "float16", "v5")
+        >>> name, grid, block, args = p.forward_launch(1e-5)
+        >>> name, grid, block
+        ('ln_fwd_grouped_block_f16_v8', (128,), (512,))
+        >>> [a.item() for a in args]  # doctest: +ELLIPSIS
+        [8192, 4096, 9.99...e-06, 32, 256]
+        >>> plan(8192, 4096, "float16").forward_launch(1e-5)[:3]
+        ('ln_fwd_block_f16_v8', (8192,), (256,))
+        """
+        ints = (np.int32(self.rows), np.int32(self.D))
+        if self.rung != "v5":
+            return (self.kernel("forward"), (self.forward_grid,), (self.block,),
+                    (*ints, np.float32(eps)))
+        return (self.kernel("forward"), (self.backward_grid,),
+                (self.backward_block or self.block,),
+                (*ints, np.float32(eps), np.int32(self.rows_per_group),
+                 np.int32(self.threads_per_row)))
 
     @property
     def vecs_per_thread(self) -> int:
@@ -659,7 +736,8 @@ class LaunchPlan:
             raise ValueError(
                 f"direction must be 'forward' or 'backward'; got {direction!r}."
             )
-        kind = "fwd" if direction == "forward" else BACKWARD_KERNELS[self.rung]
+        kind = (FORWARD_KERNELS if direction == "forward" else BACKWARD_KERNELS)[
+            self.rung]
         mapping = "long" if self.chunks > 1 else "block" if self.per_block else "warp"
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 
@@ -852,7 +930,8 @@ def _check_param(p, name: str, D: int, dtype: np.dtype) -> None:
         )
 
 
-def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
+def check_forward_args(x, gamma, beta, eps: float = 1e-5, *,
+                       rung: str = "v4") -> LaunchPlan:
     r"""Validate forward arguments (NumPy or CuPy arrays) and return the plan.
 
     Every forward (the kernels, the emulation, the CPU-run CUDA source) calls
@@ -867,11 +946,14 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
     eps : float, default 1e-5
         Finite and > 0, as for :func:`lnorm.forward`, also once rounded to
         float32.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        Whose forward (:data:`lnorm.gpu.kernels.RUNGS`; v3's is v4's).
 
     Returns
     -------
     LaunchPlan
-        :func:`lnorm.gpu.kernels.plan` of ``(prod(x.shape[:-1]), D, x.dtype)``.
+        :func:`lnorm.gpu.kernels.plan` of ``(prod(x.shape[:-1]), D, x.dtype,
+        rung)``.
 
     Raises
     ------
@@ -910,7 +992,7 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5) -> LaunchPlan:
     D = x.shape[-1]
     _check_param(gamma, "gamma", D, dtype)
     _check_param(beta, "beta", D, dtype)
-    return plan(math.prod(x.shape[:-1]), D, dtype)
+    return plan(math.prod(x.shape[:-1]), D, dtype, rung)
 
 
 def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,

@@ -298,27 +298,6 @@ __device__ __forceinline__ void store_columns(
     }
 }
 
-// The row sum of one group of group_threads threads (whole warps) inside a
-// block of several: block_sum's order and its two barriers, with a slot per
-// warp and a result per group.
-template <typename V>
-__device__ __forceinline__ V group_sum(V v, int group_threads) {
-    __shared__ V warp_part[LN_MAX_ROW_THREADS / 32];
-    __shared__ V group_part[LN_MAX_ROW_THREADS / 32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int wpg = group_threads >> 5, group = warp / wpg, first = group * wpg;
-    v = warp_sum(v);
-    if (lane == 0) warp_part[warp] = v;
-    __syncthreads();
-    if (warp == first) {
-        V w = lane < wpg ? warp_part[first + lane] : zero_like(v);
-        w = warp_sum(w);
-        if (lane == 0) group_part[group] = w;
-    }
-    __syncthreads();
-    return group_part[group];
-}
-
 template <typename T, int VEC, bool PER_BLOCK>
 __device__ __forceinline__ void layernorm_backward_grouped(
     const T* __restrict__ dy, const T* __restrict__ x,
@@ -348,19 +327,19 @@ __device__ __forceinline__ void layernorm_backward_grouped(
     };
 
     // Rows of 16-byte vectors are prefetched: while a thread works on row k,
-    // its copies of row k + 1's x and dy are in flight into shared memory,
-    // so the latency of the loads is not waited out once per row. Two
-    // buffers, used in turn: the copies into one never race the reads of the
-    // other. Layout [buffer][x, dy][VPT][blockDim.x] of 16 bytes: a warp's
-    // reads of one vector are 512 consecutive bytes. Rows of scalars (D not
-    // a multiple of the vector) are read straight from global memory.
+    // its copies of the next rows' x and dy are in flight into shared memory,
+    // so the latency of the loads is not waited out once per row. One buffer
+    // per row in flight (S = LN_BWD_ROWS_IN_FLIGHT), used in turn: the copies
+    // into one never race the reads of another (prefetch_slot). Rows of
+    // scalars (D not a multiple of the vector) are read straight from global
+    // memory.
     constexpr int VPT = E / VEC;
     constexpr bool STAGED = VEC * sizeof(T) == 16;
+    constexpr int S = LN_BWD_ROWS_IN_FLIGHT;
     LN_DYNAMIC_SHARED(uint4, staged);
     const int nvec = D / VEC;
     auto slot = [&](int buffer, int tensor, int i) {
-        return staged + ((buffer * 2 + tensor) * VPT + i) * blockDim.x
-               + threadIdx.x;
+        return prefetch_slot<2, VPT>(staged, buffer, tensor, i);  // x, dy
     };
     auto prefetch = [&](long long row, int buffer) {
 #pragma unroll
@@ -372,38 +351,24 @@ __device__ __forceinline__ void layernorm_backward_grouped(
             }
         }
     };
-    if constexpr (STAGED) {
-        if (first < last) prefetch(first, 0);
-        async_commit();
-    }
-    for (int k = 0; k < rows_per_group; ++k) {
-        const bool active = first + k < last;
-        const long long row = active ? first + k : 0;
-        if constexpr (STAGED) {
-            if (first + k + 1 < last) prefetch(first + k + 1, (k + 1) & 1);
-            async_commit();  // a group, empty or not, for every row
-            async_wait<1>();  // row k's copies are done
-            backward_row<T, VEC>(
-                mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam,
-                dgamma_acc, dbeta_acc,
-                [&](int i, long long, float* xv, float* dyv) {
+    strip_rows<STAGED, S>(first, last, rows_per_group, prefetch,
+                          [&](int buffer, long long row, bool active) {
+        backward_row<T, VEC>(
+            mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam, dgamma_acc,
+            dbeta_acc,
+            [&](int i, long long at, float* xv, float* dyv) {
+                if constexpr (STAGED) {
                     Vec<T, VEC>::load(
-                        reinterpret_cast<const T*>(slot(k & 1, 0, i)), xv);
+                        reinterpret_cast<const T*>(slot(buffer, 0, i)), xv);
                     Vec<T, VEC>::load(
-                        reinterpret_cast<const T*>(slot(k & 1, 1, i)), dyv);
-                },
-                row_sum_of);
-        } else {
-            backward_row<T, VEC>(
-                mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam,
-                dgamma_acc, dbeta_acc,
-                [&](int, long long at, float* xv, float* dyv) {
+                        reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv);
+                } else {
                     VecStream<T, VEC>::load(x + at, xv);
                     VecStream<T, VEC>::load(dy + at, dyv);
-                },
-                row_sum_of);
-        }
-    }
+                }
+            },
+            row_sum_of);
+    });
 
     // Step 4: group q hands its column sums to group 0, q = 1, ..., P - 1 in
     // order; then group 0 writes the block's row of the partial buffers.
@@ -433,9 +398,10 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 
 // v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
 // group_threads threads; the partial buffers have one row per block. The
-// variants of 16-byte vectors take 2 * 2 * 16 * (LN_ELEMS_PER_THREAD / VEC)
-// bytes of dynamic shared memory per thread (the prefetch buffers;
-// lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the others none.
+// variants of 16-byte vectors take LN_BWD_ROWS_IN_FLIGHT * 2 * 16 *
+// (LN_ELEMS_PER_THREAD / VEC) bytes of dynamic shared memory per thread (the
+// prefetch buffers; lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the
+// others none.
 #define LN_BACKWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)   \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
     ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \

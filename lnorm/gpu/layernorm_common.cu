@@ -7,12 +7,14 @@
 #ifndef LNORM_LAYERNORM_COMMON_CU
 #define LNORM_LAYERNORM_COMMON_CU
 
-// Launch constants. lnorm.gpu reads these four numbers to plan launches and
-// to emulate the kernels, so Python and CUDA cannot disagree.
+// Launch constants. lnorm.gpu reads these numbers to plan launches and to
+// emulate the kernels, so Python and CUDA cannot disagree.
 #define LN_ELEMS_PER_THREAD 16   // row elements a thread holds in registers
 #define LN_WARPS_PER_BLOCK 4     // warp-per-row kernels: rows per block
 #define LN_MAX_ROW_THREADS 512   // block-per-row kernels: largest block
 #define LN_REDUCE_SLICES 8       // dgamma/dbeta reduction: threads per column
+#define LN_FWD_ROWS_IN_FLIGHT 3  // v5's forward: rows whose loads are in flight
+#define LN_BWD_ROWS_IN_FLIGHT 2  // v5's backward: the same (x and dy: twice the bytes)
 // Largest block of each kind, for __launch_bounds__.
 #define LN_WARP_THREADS (32 * LN_WARPS_PER_BLOCK)
 #define LN_BLOCK_THREADS LN_MAX_ROW_THREADS
@@ -278,6 +280,69 @@ __device__ __forceinline__ V block_sum(V v) {
     }
     __syncthreads();
     return partial[32];
+}
+
+// The row sum of one group of group_threads threads (whole warps) inside a
+// block of several: block_sum's order and its two barriers, with a slot per
+// warp and a result per group.
+template <typename V>
+__device__ __forceinline__ V group_sum(V v, int group_threads) {
+    __shared__ V warp_part[LN_MAX_ROW_THREADS / 32];
+    __shared__ V group_part[LN_MAX_ROW_THREADS / 32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int wpg = group_threads >> 5, group = warp / wpg, first = group * wpg;
+    v = warp_sum(v);
+    if (lane == 0) warp_part[warp] = v;
+    __syncthreads();
+    if (warp == first) {
+        V w = lane < wpg ? warp_part[first + lane] : zero_like(v);
+        w = warp_sum(w);
+        if (lane == 0) group_part[group] = w;
+    }
+    __syncthreads();
+    return group_part[group];
+}
+
+// v5's prefetch buffers in dynamic shared memory: one per row in flight,
+// used in turn, each with TENSORS rows (x; or x and dy), each row VPT
+// 16-byte vectors per thread, laid out [buffer][tensor][VPT][blockDim.x] so
+// that a warp's accesses to one vector are 512 consecutive bytes. This
+// thread's slot.
+template <int TENSORS, int VPT>
+__device__ __forceinline__ uint4* prefetch_slot(uint4* staged, int buffer,
+                                                int tensor, int i) {
+    return staged + ((buffer * TENSORS + tensor) * VPT + i) * blockDim.x
+           + threadIdx.x;
+}
+
+// The row loop of v5's kernels over a strip of rows_per_group rows, of which
+// rows first .. last - 1 are the group's (the others inactive: the groups of
+// a block step together). With STAGED, the copies of each row are started
+// S - 1 rows ahead by `prefetch(row, buffer)` into buffer row % S of the
+// strip, one commit group per row (empty past the strip), and waited for
+// before `step(buffer, row, active)` works on it; without, `step` reads
+// global memory itself (buffer unused). An inactive row's `row` is 0.
+template <bool STAGED, int S, typename Prefetch, typename Step>
+__device__ __forceinline__ void strip_rows(long long first, long long last,
+                                           int rows_per_group,
+                                           Prefetch prefetch, Step step) {
+    if constexpr (STAGED) {
+#pragma unroll
+        for (int j = 0; j < S - 1; ++j) {
+            if (first + j < last) prefetch(first + j, j);
+            async_commit();
+        }
+    }
+    for (int k = 0; k < rows_per_group; ++k) {
+        const bool active = first + k < last;
+        if constexpr (STAGED) {
+            if (first + k + S - 1 < last)
+                prefetch(first + k + S - 1, (k + S - 1) % S);
+            async_commit();
+            async_wait<S - 1>();  // row k's copies are done
+        }
+        step(k % S, active ? first + k : 0, active);
+    }
 }
 
 // A row is reduced by its own warp, or by the whole block.

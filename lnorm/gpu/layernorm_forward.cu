@@ -12,19 +12,21 @@
 // each per row) are saved for the backward, which centres the same way.
 #include "layernorm_common.cu"
 
-template <typename T, int VEC, bool PER_BLOCK>
-__device__ __forceinline__ void layernorm_forward(
-    const T* __restrict__ x, const T* __restrict__ gamma,
-    const T* __restrict__ beta, T* __restrict__ y,
+// One row of the forward for one thread, which holds vectors t, t + G,
+// t + 2G, ... of the row (G threads a row group): `load_row(i, v, xv)` gives
+// the thread's i-th vector, vector v of the row, as floats; `row_sum_of`
+// sums over the group. A row that is not `active` (v5 pads a block's strips
+// to one length) reads and writes nothing and adds zeros to the row sums,
+// which every thread of the group still makes.
+template <typename T, int VEC, typename LoadRow, typename RowSum>
+__device__ __forceinline__ void forward_row(
+    const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ y,
     float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
-    float* __restrict__ rstd_out, int rows, int D, float eps)
+    float* __restrict__ rstd_out, long long row, int D, float eps, int t, int G,
+    bool active, LoadRow load_row, RowSum row_sum_of)
 {
     constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;  // vectors per thread
-    const long long row = group_index<PER_BLOCK>();
-    if (row >= rows) return;  // uniform over the group: no shuffle is split
-    const int t = rank_in_group<PER_BLOCK>(), G = group_size<PER_BLOCK>();
     const int nvec = D / VEC;
-    const T* xrow = x + row * D;
     T* yrow = y + row * D;
 
     // Step 1: the row into registers, one load per vector of VEC elements.
@@ -35,32 +37,32 @@ __device__ __forceinline__ void layernorm_forward(
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
-        if (v < nvec) {
-            Vec<T, VEC>::load(xrow + v * VEC, &xv[i * VEC]);
+        if (active && v < nvec) {
+            load_row(i, v, &xv[i * VEC]);
 #pragma unroll
             for (int c = 0; c < VEC; ++c) sum += xv[i * VEC + c];
         }
     }
-    const float mean_hi = row_sum<PER_BLOCK>(sum) / (float)D;
+    const float mean_hi = row_sum_of(sum) / (float)D;
 
     // Step 2: the correction, mean_lo = mean(x - mean_hi), and the centred
     // row d = (x - mean_hi) - mean_lo, kept in registers in place of x.
     float lo = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-        if (t + i * G < nvec) {
+        if (active && t + i * G < nvec) {
 #pragma unroll
             for (int c = 0; c < VEC; ++c) lo += xv[i * VEC + c] - mean_hi;
         }
     }
-    const float mean_lo = row_sum<PER_BLOCK>(lo) / (float)D;
+    const float mean_lo = row_sum_of(lo) / (float)D;
 
     // Step 3: the variance as the mean of squared deviations (two-pass),
     // over registers, not over memory.
     float m2 = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
-        if (t + i * G < nvec) {
+        if (active && t + i * G < nvec) {
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
                 const int k = i * VEC + c;
@@ -70,14 +72,14 @@ __device__ __forceinline__ void layernorm_forward(
         }
     }
     // Correctly rounded divide and sqrt (NVRTC's defaults), not rsqrtf.
-    const float var = row_sum<PER_BLOCK>(m2) / (float)D;
+    const float var = row_sum_of(m2) / (float)D;
     const float rstd = 1.0f / sqrtf(var + eps);
 
     // Step 4: normalize, scale, shift; y written once, in the storage type.
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
-        if (v < nvec) {
+        if (active && v < nvec) {
             float g[VEC], b[VEC], out[VEC];
             Vec<T, VEC>::load(gamma + v * VEC, g);
             Vec<T, VEC>::load(beta + v * VEC, b);
@@ -87,11 +89,30 @@ __device__ __forceinline__ void layernorm_forward(
             Vec<T, VEC>::store(yrow + v * VEC, out);
         }
     }
-    if (t == 0) {
+    if (active && t == 0) {
         mean_hi_out[row] = mean_hi;
         mean_lo_out[row] = mean_lo;
         rstd_out[row] = rstd;
     }
+}
+
+template <typename T, int VEC, bool PER_BLOCK>
+__device__ __forceinline__ void layernorm_forward(
+    const T* __restrict__ x, const T* __restrict__ gamma,
+    const T* __restrict__ beta, T* __restrict__ y,
+    float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
+    float* __restrict__ rstd_out, int rows, int D, float eps)
+{
+    const long long row = group_index<PER_BLOCK>();
+    if (row >= rows) return;  // uniform over the group: no shuffle is split
+    const int t = rank_in_group<PER_BLOCK>(), G = group_size<PER_BLOCK>();
+    forward_row<T, VEC>(
+        gamma, beta, y, mean_hi_out, mean_lo_out, rstd_out, row, D, eps, t, G,
+        true,
+        [x, row, D](int, int v, float* xv) {
+            Vec<T, VEC>::load(x + row * D + v * VEC, xv);
+        },
+        [](float v) { return row_sum<PER_BLOCK>(v); });
 }
 
 // One kernel per variant (LN_VARIANTS), named ln_fwd_<suffix>.
@@ -109,3 +130,87 @@ __device__ __forceinline__ void layernorm_forward(
     }
 
 LN_VARIANTS(LN_FORWARD_KERNEL)
+
+// ---- v5: strips of rows, several row groups a block, the next row prefetched
+//
+// The forward of the ladder's v5, with the launch of v5's backward: a block
+// of P = blockDim.x / group_threads row groups, each with a strip of
+// rows_per_group consecutive rows, which the groups step through together
+// (a row past a group's strip is inactive), so that every thread reaches the
+// barriers of the row sums. Rows of 16-byte vectors are prefetched: while a
+// thread works on row k, its copies of rows k + 1, ..., k + S - 1 are in
+// flight into shared memory (cp.async), S = LN_FWD_ROWS_IN_FLIGHT buffers
+// used in turn (three: the forward's three row sums a row expose more
+// latency than the backward's one); a thread reads back only what its own
+// copies wrote, so no barrier is needed. Rows of scalars are
+// read from global memory. The arithmetic of a row is forward_row's, so the
+// bits are v4's forward's.
+template <typename T, int VEC, bool PER_BLOCK>
+__device__ __forceinline__ void layernorm_forward_grouped(
+    const T* __restrict__ x, const T* __restrict__ gamma,
+    const T* __restrict__ beta, T* __restrict__ y,
+    float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
+    float* __restrict__ rstd_out, int rows, int D, float eps,
+    int rows_per_group, int group_threads)
+{
+    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;
+    constexpr bool STAGED = VEC * sizeof(T) == 16;
+    constexpr int S = LN_FWD_ROWS_IN_FLIGHT;
+    const int G = group_threads, P = blockDim.x / G;
+    const int p = threadIdx.x / G, t = threadIdx.x % G;
+    const long long group = (long long)blockIdx.x * P + p;
+    const long long first = group * rows_per_group;
+    const long long last = min(first + rows_per_group, (long long)rows);
+    const int nvec = D / VEC;
+    auto row_sum_of = [G](float v) {
+        if constexpr (PER_BLOCK) return group_sum(v, G);
+        else return warp_sum(v);
+    };
+
+    LN_DYNAMIC_SHARED(uint4, staged);
+    auto prefetch = [&](long long row, int buffer) {
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int v = t + i * G;
+            if (v < nvec)
+                copy_async_16(prefetch_slot<1, VPT>(staged, buffer, 0, i),
+                              x + row * D + v * VEC);
+        }
+    };
+    strip_rows<STAGED, S>(first, last, rows_per_group, prefetch,
+                          [&](int buffer, long long row, bool active) {
+        forward_row<T, VEC>(
+            gamma, beta, y, mean_hi_out, mean_lo_out, rstd_out, row, D, eps,
+            t, G, active,
+            [&](int i, int v, float* xv) {
+                if constexpr (STAGED)
+                    Vec<T, VEC>::load(reinterpret_cast<const T*>(
+                        prefetch_slot<1, VPT>(staged, buffer, 0, i)), xv);
+                else
+                    Vec<T, VEC>::load(x + row * D + v * VEC, xv);
+            },
+            row_sum_of);
+    });
+}
+
+// v5: one per variant, named ln_fwd_grouped_<suffix>, launched as v5's
+// backward (lnorm.gpu.kernels.LaunchPlan.forward_launch). The variants of
+// 16-byte vectors take LN_FWD_ROWS_IN_FLIGHT * 16 * (LN_ELEMS_PER_THREAD /
+// VEC) bytes of dynamic shared memory per thread
+// (LaunchPlan.forward_shared_bytes).
+#define LN_FORWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)    \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_fwd_grouped_##SUFFIX(const T* __restrict__ x,                         \
+                            const T* __restrict__ gamma,                     \
+                            const T* __restrict__ beta, T* __restrict__ y,   \
+                            float* __restrict__ mean_hi,                     \
+                            float* __restrict__ mean_lo,                     \
+                            float* __restrict__ rstd, int rows, int D,       \
+                            float eps, int rows_per_group,                   \
+                            int group_threads) {                             \
+        layernorm_forward_grouped<T, VEC, PER_BLOCK>(                        \
+            x, gamma, beta, y, mean_hi, mean_lo, rstd, rows, D, eps,         \
+            rows_per_group, group_threads);                                  \
+    }
+
+LN_VARIANTS(LN_FORWARD_GROUPED_KERNEL)

@@ -140,6 +140,8 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
                     for rung in ("v3", "v5"):
                         q = plan(rows, D, dtype, rung)
                         entry["rungs"][rung] = {
+                            "kernel_forward": q.kernel("forward"),
+                            "forward_shared_bytes": q.forward_shared_bytes,
                             "kernel_backward": q.kernel("backward"),
                             "backward_block": q.backward_block or q.block,
                             "backward_grid": q.backward_grid,
@@ -432,7 +434,7 @@ def bit_checks(fused) -> list[dict]:
         Per shape and dtype: ``rows``, ``D``, ``dtype``, ``bytes_differing``
         (per output) and ``equal``; and, where the row fits in registers,
         ``v3`` (:func:`lnorm.gpu.check.atomic_check` of the backward with
-        atomics) and ``v5_equal`` (v5's backward, bit for bit).
+        atomics) and ``v5_equal`` (v5's forward and backward, bit for bit).
 
     See Also
     --------
@@ -528,9 +530,11 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
     Needs a GPU. For each entry of :func:`lnorm.gpu.measure.plan_launches`,
     the forward and the backward of each rung (``"v1"``: the op-by-op CuPy
     version; ``"v4"``: the fused kernels, where the plan takes the shape;
-    ``"v3"``, ``"v5"``: the backward with atomics, and with a block's row
-    groups adding their column sums first, up to ``max_D()``, whose forward
-    is v4's and is not timed again), each with L2 flushed before every call
+    ``"v3"``: the backward with atomics, up to ``max_D()``, whose forward is
+    v4's and is not timed again; ``"v5"``: the forward and the backward of
+    strips of rows with the next rows prefetched and a block's row groups
+    adding their column sums first, up to ``max_D()``), each with L2
+    flushed before every call
     when the op moves fewer than :data:`lnorm.gpu.measure.L2_FLUSH_BELOW`
     bytes.
 
@@ -575,10 +579,11 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         todo = {"v1": (unfused_forward, unfused_backward)}
         if "unsupported" not in entry:
             todo["v4"] = (fused.forward, fused.backward)
-            if D <= max_D():  # v3 and v5: their own backward, v4's forward
-                for rung in ("v3", "v5"):
-                    todo[rung] = (fused.forward,
-                                  functools.partial(fused.backward, rung=rung))
+            if D <= max_D():  # v3: its own backward, v4's forward; v5: both
+                todo["v3"] = (fused.forward,
+                              functools.partial(fused.backward, rung="v3"))
+                todo["v5"] = (functools.partial(fused.forward, rung="v5"),
+                              functools.partial(fused.backward, rung="v5"))
         for rung, (fwd, bwd) in todo.items():
             if rung not in rungs:
                 continue
@@ -586,7 +591,7 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
             args_b = (inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
             for direction, fn, args in (("forward", fwd, args_f),
                                         ("backward", bwd, args_b)):
-                if rung in ("v3", "v5") and direction == "forward":
+                if rung == "v3" and direction == "forward":
                     continue
                 nbytes = entry[f"bytes_{direction}"]
                 t = timer(fn, *args, flush=nbytes < L2_FLUSH_BELOW)

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import traffic
-from .kernels import BACKWARD_KERNELS, plan
+from .kernels import BACKWARD_KERNELS, FORWARD_KERNELS, constants, plan
 
 __all__ = ["H100", "REGISTERS", "STATIC_SHARED", "Device", "Prediction", "predict",
            "occupancy"]
@@ -138,9 +138,10 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: Used when ptxas is not installed.
 #: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
 #: ``"fwd_long"``, ``"bwd_long"``: those of longer rows; ``"bwd_atomic"``,
-#: ``"bwd_grouped"``: the backward of v3 and of v5.
+#: ``"bwd_grouped"``: the backward of v3 and of v5; ``"fwd_grouped"``: the
+#: forward of v5.
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
-             "bwd_atomic": 109, "bwd_grouped": 119}
+             "bwd_atomic": 109, "bwd_grouped": 119, "fwd_grouped": 56}
 
 #: Static shared memory (bytes per block) of v5's backward, as ``ptxas -v``
 #: reports it: the hand-over of the column sums, sized for the largest group
@@ -317,15 +318,17 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         :data:`lnorm.gpu.model.REGISTERS`.
     rows_in_flight : int, optional
         Rows whose loads a group keeps outstanding, ``k``. Default: what the
-        kernel does, 2 for v5's backward of 16-byte vectors (it prefetches
-        the next row, :attr:`lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes`),
-        1 for the others. Other values model designs not built.
+        kernel does: for v5's kernels of 16-byte vectors, which prefetch,
+        ``LN_FWD_ROWS_IN_FLIGHT`` (3) and ``LN_BWD_ROWS_IN_FLIGHT`` (2)
+        (:func:`lnorm.gpu.kernels.constants`); 1 for the others. Other values
+        model designs not built.
     rung : {"v4", "v3", "v5"}, default "v4"
-        The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds the
+        The kernels (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds the
         column sums into dgamma and dbeta by atomics (in L2): no partial sums
         through DRAM and no second stage; the model charges nothing for the
         atomics. v5 has its plan's blocks of several row groups and one
-        partial row per block.
+        partial row per block, and its forward takes the same strips. v3's
+        forward is v4's.
     rows_per_group : int, optional
         The backward's strip (default: the plan's): fewer, longer strips
         write fewer partial sums but leave fewer row groups to run at once.
@@ -340,8 +343,8 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     Raises
     ------
     ValueError, TypeError
-        A shape, dtype or rung :func:`lnorm.gpu.kernels.plan` refuses; a rung
-        or ``rows_per_group`` with the forward, or ``rows_per_group`` with a
+        A shape, dtype or rung :func:`lnorm.gpu.kernels.plan` refuses;
+        ``rows_per_group`` with the forward, or ``rows_per_group`` with a
         row longer than :func:`lnorm.gpu.kernels.max_D` or below 1; or
         ``registers`` more than one block of the plan can have.
 
@@ -369,14 +372,14 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     >>> (long.bytes_moved - long.bytes) / (v4.bytes_moved - v4.bytes)  # 128 strips
     0.25
     """
-    if direction == "forward" and (rung != "v4" or rows_per_group is not None):
+    if direction == "forward" and rows_per_group is not None:
         raise ValueError(
-            f"rung and rows_per_group are the backward's; got rung={rung!r}, "
-            f"rows_per_group={rows_per_group!r} for the forward."
+            f"rows_per_group is the backward's; got rows_per_group={rows_per_group!r} "
+            "for the forward."
         )
     p = plan(rows, D, dtype, rung)
     itemsize = p.dtype.itemsize
-    short = "fwd" if direction == "forward" else BACKWARD_KERNELS[rung]
+    short = (FORWARD_KERNELS if direction == "forward" else BACKWARD_KERNELS)[rung]
     regs = registers or REGISTERS[short + ("_long" if p.chunks > 1 else "")]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
@@ -389,20 +392,20 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         groups = max(math.ceil(rows / rows_per_group), 1)
         p = replace(p, rows_per_group=rows_per_group, row_groups=groups,
                     backward_grid=math.ceil(groups / p.groups_per_block))
-    if direction == "forward":
+    if direction == "forward" and rung != "v5":  # a row per group
         groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
-        block, extra = p.block, 0
-    else:
+        block = p.block
+    else:  # strips of rows, v5's groups in a block
         groups, per_group = p.row_groups, p.rows_per_group
         per_block, block = p.groups_per_block, p.backward_block or p.block
-        extra = p.partials_bytes
-    shared = 0
-    if direction == "backward":
-        mapping = "block" if p.per_block else "warp"
-        shared = (STATIC_SHARED.get(f"{BACKWARD_KERNELS[rung]}_{mapping}", 0)
-                  + p.backward_shared_bytes)
+    extra = p.partials_bytes if direction == "backward" else 0
+    prefetch = (p.forward_shared_bytes if direction == "forward"
+                else p.backward_shared_bytes)
+    mapping = "block" if p.per_block else "warp"
+    shared = STATIC_SHARED.get(f"{short}_{mapping}", 0) + prefetch
     if rows_in_flight is None:
-        rows_in_flight = 2 if direction == "backward" and p.backward_shared_bytes else 1
+        key = "FWD" if direction == "forward" else "BWD"
+        rows_in_flight = constants()[f"LN_{key}_ROWS_IN_FLIGHT"] if prefetch else 1
     blocks_per_sm = occupancy(block, regs, device, shared)
     if blocks_per_sm == 0:
         raise ValueError(

@@ -159,7 +159,7 @@ class FusedLayerNorm:
             a = a.copy()  # fresh allocations are 256-byte aligned
         return a
 
-    def forward(self, x, gamma, beta, eps: float = 1e-5) -> tuple:
+    def forward(self, x, gamma, beta, eps: float = 1e-5, *, rung: str = "v4") -> tuple:
         r"""Run the fused forward: ``y = gamma * (x - mean) * rstd + beta``, last axis.
 
         One launch of the kernel :meth:`lnorm.gpu.kernels.LaunchPlan.kernel`
@@ -174,6 +174,12 @@ class FusedLayerNorm:
             Scale and shift.
         eps : float, default 1e-5
             Added to the variance.
+        rung : {"v4", "v3", "v5"}, default "v4"
+            Whose forward kernel (:data:`lnorm.gpu.kernels.RUNGS`): v5's takes
+            strips of rows and prefetches the next row
+            (:meth:`lnorm.gpu.kernels.LaunchPlan.forward_launch`); v3's is v4's.
+            They make the same arithmetic in the same order, so the bits do
+            not depend on the rung (checked on the CPU, predicted here).
 
         Returns
         -------
@@ -206,17 +212,20 @@ class FusedLayerNorm:
         """
         cp = self._cp
         x, gamma, beta = (self._as_device(a) for a in (x, gamma, beta))
-        p = check_forward_args(x, gamma, beta, eps)
+        p = check_forward_args(x, gamma, beta, eps, rung=rung)
         y = cp.empty_like(x)
         hi, lo, rstd = (cp.empty(x.shape[:-1], dtype=cp.float32) for _ in range(3))
         if p.rows:
-            self._functions[p.kernel("forward")](
-                (p.forward_grid,),
-                (p.block,),
-                (x, gamma, beta, y, hi, lo, rstd, np.int32(p.rows), np.int32(p.D),
-                 np.float32(eps)),
-            )
+            name, grid, block, args = p.forward_launch(eps)
+            self._launch(name, grid, block, (x, gamma, beta, y, hi, lo, rstd, *args),
+                         p.forward_shared_bytes)
         return y, hi, lo, rstd
+
+    def _launch(self, name: str, grid, block, args, shared: int) -> None:
+        kernel = self._functions[name]
+        if shared > kernel.max_dynamic_shared_size_bytes:  # above 48 KiB: opt in
+            kernel.max_dynamic_shared_size_bytes = shared
+        kernel(grid, block, args, shared_mem=shared)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
                  rung: str = "v4") -> tuple:
@@ -294,10 +303,8 @@ class FusedLayerNorm:
         dbeta = cp.empty(p.D, dtype=cp.float32)
         dgamma_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
         dbeta_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
-        kernel, shared = self._functions[name], p.backward_shared_bytes
-        if shared > kernel.max_dynamic_shared_size_bytes:  # above 48 KiB: opt in
-            kernel.max_dynamic_shared_size_bytes = shared
-        kernel(grid, block, (*ins, dgamma_part, dbeta_part, *ints), shared_mem=shared)
+        self._launch(name, grid, block, (*ins, dgamma_part, dbeta_part, *ints),
+                     p.backward_shared_bytes)
         slices = constants()["LN_REDUCE_SLICES"]
         self._functions["ln_bwd_reduce_params"](
             (math.ceil(p.D / 32),),
