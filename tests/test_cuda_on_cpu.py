@@ -109,7 +109,31 @@ def test_shapes_reach_every_kernel_variant():
         for dt in (F32, F16)
         for direction in ("forward", "backward")
     }
-    assert reached | {"ln_bwd_reduce_params"} == names
+    assert reached | {"ln_bwd_reduce_params", "ln_bwd_reduce_params_wide"} == names
+
+
+@pytest.mark.parametrize("kernel, slices", [
+    ("ln_bwd_reduce_params", kernels.constants()["LN_REDUCE_SLICES"]),
+    ("ln_bwd_reduce_params_wide", kernels.constants()["LN_REDUCE_SLICES_WIDE"]),
+])
+def test_second_stages_equal_emulation_bit_for_bit(host, kernel, slices):
+    """Both reductions of the partial sums, over counts of rows that leave
+    batches of v5's loads full, partial and empty. The two orders differ in
+    their last bits, so each kernel is told apart from the other's order."""
+    rng = np.random.default_rng(7)
+    for rows, D in ((1, 33), (31, 1), (257, 40), (600, 64)):
+        parts = [rng.standard_normal((rows, D)).astype(np.float32) * 2.0**20
+                 for _ in range(2)]
+        with host.buffers() as new:
+            ins = [new(a.shape, a.dtype, a) for a in parts]
+            outs = [new((D,), np.float32) for _ in range(2)]
+            host.launch(kernel, (-(-D // 32),), (32, slices),
+                        (*ins, np.int32(rows), np.int32(D), *outs))
+            for got, part in zip(outs, parts):
+                want = emulate.reduce_partials(part, slices)
+                assert got.tobytes() == want.tobytes(), (kernel, rows, D)
+    other = {8: 32, 32: 8}[slices]
+    assert emulate.reduce_partials(part, other).tobytes() != want.tobytes()
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])

@@ -99,6 +99,8 @@ def test_constants_are_read_from_the_source():
         "LN_WARPS_PER_BLOCK",
         "LN_MAX_ROW_THREADS",
         "LN_REDUCE_SLICES",
+        "LN_REDUCE_SLICES_WIDE",
+        "LN_REDUCE_BATCH",
         "LN_FWD_ROWS_IN_FLIGHT",
         "LN_BWD_ROWS_IN_FLIGHT",
         "LN_LONG_STRIP",
@@ -320,7 +322,7 @@ def compiled(request):
 
 def test_every_kernel_compiles(compiled):
     _, reports, _ = compiled
-    assert len(ALL_KERNELS) == 49
+    assert len(ALL_KERNELS) == 50
     assert set(reports) == ALL_KERNELS
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
@@ -560,11 +562,32 @@ def test_long_row_kernels_read_the_row_once_per_pass(compiled):
 
 def test_parameter_reduction_kernel(compiled):
     _, reports, _ = compiled
-    r = reports["ln_bwd_reduce_params"]
-    assert set(r.per_argument("ld")) == {"dgamma_part", "dbeta_part"}
-    assert r.per_argument("st") == {"dgamma": (1, 4), "dbeta": (1, 4)}
-    assert r.shared_bytes == 2 * C["LN_REDUCE_SLICES"] * 32 * 4
-    assert r.max_threads == 32 * C["LN_REDUCE_SLICES"]
+    for name, slices in (("ln_bwd_reduce_params", C["LN_REDUCE_SLICES"]),
+                         ("ln_bwd_reduce_params_wide", C["LN_REDUCE_SLICES_WIDE"])):
+        r = reports[name]
+        assert set(r.per_argument("ld")) == {"dgamma_part", "dbeta_part"}
+        assert r.per_argument("st") == {"dgamma": (1, 4), "dbeta": (1, 4)}
+        assert r.shared_bytes == 2 * slices * 32 * 4
+        assert r.max_threads == 32 * slices
+        assert r.count("atom") == 0
+
+
+def test_wide_second_stage_batches_its_loads(compiled):
+    """v5's second stage: LN_REDUCE_BATCH loads of each array side by side in
+    its loop, before the adds; v4's loop as NVRTC unrolls it, four loads and
+    one in the loop of the remaining rows."""
+    _, reports, _ = compiled
+    r = reports["ln_bwd_reduce_params_wide"]
+    wide = r.per_argument("ld", in_loop=True)
+    assert C["LN_REDUCE_BATCH"] == wide["dgamma_part"][0] == wide["dbeta_part"][0]
+    # every load of a batch before the first float add (the loads sit in
+    # blocks of their own, behind the guard p < row_groups)
+    lines = [ln for ln in r.lines
+             if ln.startswith("ld.global") or re.match(r"add(\.rn)?\.f32", ln)]
+    first_add = next(i for i, ln in enumerate(lines) if ln.startswith("add"))
+    assert first_add == 2 * C["LN_REDUCE_BATCH"], lines[:20]
+    v4 = reports["ln_bwd_reduce_params"].per_argument("ld", in_loop=True)
+    assert v4["dgamma_part"][0] == v4["dbeta_part"][0] == 4 + 1
 
 
 def test_registers_fit_the_block_and_nothing_spills(compiled):

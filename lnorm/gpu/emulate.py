@@ -217,17 +217,21 @@ def strip_sums(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     return acc
 
 
-def reduce_partials(part: np.ndarray) -> np.ndarray:
+def reduce_partials(part: np.ndarray, slices: int | None = None) -> np.ndarray:
     r"""Sum the partial sums over row groups, as ``ln_bwd_reduce_params`` does.
 
     Slice ``s`` of ``S = LN_REDUCE_SLICES`` sums rows ``s, s + S, s + 2S, ...``
     of ``part`` in order; the ``S`` slices are then added in order. A fixed
-    order, no atomics: the result is the same on every run.
+    order, no atomics: the result is the same on every run. v5's
+    ``ln_bwd_reduce_params_wide`` is the same with ``LN_REDUCE_SLICES_WIDE``
+    slices (its batches of loads do not change the order).
 
     Parameters
     ----------
     part : ndarray, float32, shape (row_groups, D)
         What :func:`lnorm.gpu.emulate.strip_sums` returns.
+    slices : int, optional
+        ``S``; default ``LN_REDUCE_SLICES``.
 
     Returns
     -------
@@ -243,13 +247,13 @@ def reduce_partials(part: np.ndarray) -> np.ndarray:
     >>> reduce_partials(np.ones((20, 3), np.float32)).tolist()
     [20.0, 20.0, 20.0]
     """
-    S = constants()["LN_REDUCE_SLICES"]
-    slices = np.zeros((S, part.shape[1]), dtype=F32)
+    S = slices or constants()["LN_REDUCE_SLICES"]
+    sums = np.zeros((S, part.shape[1]), dtype=F32)
     for r in range(part.shape[0]):
-        slices[r % S] += part[r]
+        sums[r % S] += part[r]
     total = np.zeros(part.shape[1], dtype=F32)
     for s in range(S):
-        total += slices[s]
+        total += sums[s]
     return total
 
 
@@ -450,7 +454,9 @@ def backward(
     if rung == "v3":
         dgamma, dbeta = (add_in_order(part, order) for part in parts)
     elif rung == "v5":
-        dgamma, dbeta = (reduce_partials(block_partials(part, p)) for part in parts)
+        wide = constants()["LN_REDUCE_SLICES_WIDE"]
+        dgamma, dbeta = (reduce_partials(block_partials(part, p), wide)
+                         for part in parts)
     else:
         dgamma, dbeta = (reduce_partials(part) for part in parts)
     return _rounded(dx, x.dtype).reshape(x.shape), dgamma, dbeta

@@ -47,7 +47,6 @@ from .kernels import (
     SOURCE_DIR,
     check_backward_args,
     check_forward_args,
-    constants,
     kernel_params,
     max_D,
 )
@@ -512,8 +511,7 @@ class HostLayerNorm:
             params = [new((p.D,), np.float32) for _ in range(2)]
             self.launch(name, grid, block, (*ins, dx, *parts, *ints),
                         p.backward_shared_bytes)
-            self.launch("ln_bwd_reduce_params", (math.ceil(p.D / 32),),
-                        (32, constants()["LN_REDUCE_SLICES"]),
+            self.launch(*p.reduce_launch(),
                         (*parts, np.int32(p.partial_rows), np.int32(p.D), *params))
             return dx.copy(), params[0].copy(), params[1].copy()
 

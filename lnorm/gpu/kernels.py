@@ -120,9 +120,10 @@ def constants() -> dict[str, int]:
     dict of str to int
         ``{"LN_ELEMS_PER_THREAD": 16, ...}``, in the order of the sources:
         row elements per thread, rows per block of the warp-per-row kernels,
-        the largest block, threads per column of the dgamma/dbeta reduction,
-        the rows v5's forward and backward keep in flight, and rows per strip
-        of the long-row backward.
+        the largest block, threads per column of the dgamma/dbeta reduction
+        (v4's; v5's, with the loads each of its threads keeps in flight), the
+        rows v5's forward and backward keep in flight, and rows per strip of
+        the long-row backward.
 
     See Also
     --------
@@ -137,6 +138,8 @@ def constants() -> dict[str, int]:
     LN_WARPS_PER_BLOCK 4
     LN_MAX_ROW_THREADS 512
     LN_REDUCE_SLICES 8
+    LN_REDUCE_SLICES_WIDE 32
+    LN_REDUCE_BATCH 8
     LN_FWD_ROWS_IN_FLIGHT 3
     LN_BWD_ROWS_IN_FLIGHT 2
     LN_LONG_STRIP 16
@@ -233,7 +236,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (25, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (26, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -695,6 +698,36 @@ class LaunchPlan:
                                             last))
         return (self.kernel("backward"), (self.backward_grid,),
                 (self.backward_block or self.block,), ints)
+
+    def reduce_launch(self) -> tuple[str, tuple, tuple]:
+        r"""Return the second stage's launch (v4, v5): name, grid, block.
+
+        Its arguments are ``dgamma_part, dbeta_part``, ``partial_rows`` and
+        ``D`` (``np.int32``), ``dgamma, dbeta``. v4's kernel has
+        ``LN_REDUCE_SLICES`` threads per column; v5's
+        (``ln_bwd_reduce_params_wide``) ``LN_REDUCE_SLICES_WIDE``, each with
+        ``LN_REDUCE_BATCH`` loads in flight.
+
+        Returns
+        -------
+        tuple
+            ``(kernel, (grid,), (32, slices))``: 32 columns a block.
+
+        See Also
+        --------
+        lnorm.gpu.emulate.reduce_partials : The order of its sums.
+
+        Examples
+        --------
+        >>> plan(8192, 4096, "float32").reduce_launch()
+        ('ln_bwd_reduce_params', (128,), (32, 8))
+        >>> plan(8192, 4096, "float32", "v5").reduce_launch()
+        ('ln_bwd_reduce_params_wide', (128,), (32, 32))
+        """
+        wide = self.rung == "v5"
+        slices = constants()["LN_REDUCE_SLICES_WIDE" if wide else "LN_REDUCE_SLICES"]
+        name = "ln_bwd_reduce_params" + ("_wide" if wide else "")
+        return name, (math.ceil(self.D / 32),), (32, slices)
 
     def kernel(self, direction: str) -> str:
         r"""Return the name of the forward or backward kernel this plan launches.

@@ -423,23 +423,48 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 LN_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
 
 // Second kernel: dgamma[j] = sum over p of dgamma_part[p, j] (dbeta alike).
-// A block is 32 columns x LN_REDUCE_SLICES threads: thread (j, s) sums rows
+// A block is 32 columns x SLICES threads: thread (j, s) sums rows
 // p = s, s + SLICES, ... in order (reads coalesced along j); then the slices
-// are added in order s = 0, 1, ..., through shared memory.
-extern "C" __global__ void __launch_bounds__(32 * LN_REDUCE_SLICES, 1)
-ln_bwd_reduce_params(const float* __restrict__ dgamma_part,
-                     const float* __restrict__ dbeta_part,
-                     int row_groups, int D,
-                     float* __restrict__ dgamma, float* __restrict__ dbeta)
+// are added in order s = 0, 1, ..., through shared memory. BATCH > 1 loads
+// BATCH of a thread's rows before adding them (in the same order), so that
+// BATCH loads per thread are in flight instead of what the compiler's
+// unrolling gives.
+// The kernel declares the shared slices (so that their names, and v4's
+// PTX, are the kernel's own).
+template <int SLICES, int BATCH>
+__device__ __forceinline__ void reduce_params(
+    const float* __restrict__ dgamma_part, const float* __restrict__ dbeta_part,
+    int row_groups, int D, float* __restrict__ dgamma,
+    float* __restrict__ dbeta, float (&slice_dgamma)[SLICES][32],
+    float (&slice_dbeta)[SLICES][32])
 {
-    __shared__ float slice_dgamma[LN_REDUCE_SLICES][32];
-    __shared__ float slice_dbeta[LN_REDUCE_SLICES][32];
     const int col = blockIdx.x * 32 + threadIdx.x;
     float a = 0.0f, b = 0.0f;
     if (col < D) {
-        for (int p = threadIdx.y; p < row_groups; p += LN_REDUCE_SLICES) {
-            a += dgamma_part[(long long)p * D + col];
-            b += dbeta_part[(long long)p * D + col];
+        if constexpr (BATCH == 1) {
+            for (int p = threadIdx.y; p < row_groups; p += SLICES) {
+                a += dgamma_part[(long long)p * D + col];
+                b += dbeta_part[(long long)p * D + col];
+            }
+        } else {
+            for (int p0 = threadIdx.y; p0 < row_groups; p0 += BATCH * SLICES) {
+                float ga[BATCH], gb[BATCH];
+#pragma unroll
+                for (int j = 0; j < BATCH; ++j) {
+                    const int p = p0 + j * SLICES;
+                    if (p < row_groups) {
+                        ga[j] = dgamma_part[(long long)p * D + col];
+                        gb[j] = dbeta_part[(long long)p * D + col];
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < BATCH; ++j) {
+                    if (p0 + j * SLICES < row_groups) {
+                        a += ga[j];
+                        b += gb[j];
+                    }
+                }
+            }
         }
     }
     slice_dgamma[threadIdx.y][threadIdx.x] = a;
@@ -448,11 +473,39 @@ ln_bwd_reduce_params(const float* __restrict__ dgamma_part,
     if (threadIdx.y == 0 && col < D) {
         float sa = 0.0f, sb = 0.0f;
 #pragma unroll
-        for (int s = 0; s < LN_REDUCE_SLICES; ++s) {
+        for (int s = 0; s < SLICES; ++s) {
             sa += slice_dgamma[s][threadIdx.x];
             sb += slice_dbeta[s][threadIdx.x];
         }
         dgamma[col] = sa;
         dbeta[col] = sb;
     }
+}
+
+// v3 has none; v4's second kernel, as the H100 timed it.
+extern "C" __global__ void __launch_bounds__(32 * LN_REDUCE_SLICES, 1)
+ln_bwd_reduce_params(const float* __restrict__ dgamma_part,
+                     const float* __restrict__ dbeta_part,
+                     int row_groups, int D,
+                     float* __restrict__ dgamma, float* __restrict__ dbeta)
+{
+    __shared__ float slice_dgamma[LN_REDUCE_SLICES][32];
+    __shared__ float slice_dbeta[LN_REDUCE_SLICES][32];
+    reduce_params<LN_REDUCE_SLICES, 1>(dgamma_part, dbeta_part, row_groups, D,
+                                       dgamma, dbeta, slice_dgamma, slice_dbeta);
+}
+
+// v5's: four times the slices and a batch of loads per thread, so that
+// enough bytes are in flight for the copy bandwidth (Little's law).
+extern "C" __global__ void __launch_bounds__(32 * LN_REDUCE_SLICES_WIDE, 1)
+ln_bwd_reduce_params_wide(const float* __restrict__ dgamma_part,
+                          const float* __restrict__ dbeta_part,
+                          int row_groups, int D,
+                          float* __restrict__ dgamma, float* __restrict__ dbeta)
+{
+    __shared__ float slice_dgamma[LN_REDUCE_SLICES_WIDE][32];
+    __shared__ float slice_dbeta[LN_REDUCE_SLICES_WIDE][32];
+    reduce_params<LN_REDUCE_SLICES_WIDE, LN_REDUCE_BATCH>(
+        dgamma_part, dbeta_part, row_groups, D, dgamma, dbeta, slice_dgamma,
+        slice_dbeta);
 }

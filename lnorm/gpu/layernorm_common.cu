@@ -13,6 +13,8 @@
 #define LN_WARPS_PER_BLOCK 4     // warp-per-row kernels: rows per block
 #define LN_MAX_ROW_THREADS 512   // block-per-row kernels: largest block
 #define LN_REDUCE_SLICES 8       // dgamma/dbeta reduction: threads per column
+#define LN_REDUCE_SLICES_WIDE 32 // the same, v5's reduction
+#define LN_REDUCE_BATCH 8        // v5's reduction: loads per thread in flight
 #define LN_FWD_ROWS_IN_FLIGHT 3  // v5's forward: rows whose loads are in flight
 #define LN_BWD_ROWS_IN_FLIGHT 2  // v5's backward: the same (x and dy: twice the bytes)
 // Largest block of each kind, for __launch_bounds__.
@@ -282,6 +284,31 @@ __device__ __forceinline__ V block_sum(V v) {
     return partial[32];
 }
 
+// A row is reduced by its own warp, or by the whole block.
+template <bool PER_BLOCK, typename V>
+__device__ __forceinline__ V row_sum(V v) {
+    if constexpr (PER_BLOCK) return block_sum(v);
+    else return warp_sum(v);
+}
+
+// The row group (a warp or a block) a thread belongs to, and its rank in it.
+template <bool PER_BLOCK>
+__device__ __forceinline__ long long group_index() {
+    if constexpr (PER_BLOCK) return blockIdx.x;
+    else return (long long)blockIdx.x * (blockDim.x >> 5)
+                + (threadIdx.x >> 5);
+}
+
+template <bool PER_BLOCK>
+__device__ __forceinline__ int rank_in_group() {
+    return PER_BLOCK ? (int)threadIdx.x : (int)(threadIdx.x & 31);
+}
+
+template <bool PER_BLOCK>
+__device__ __forceinline__ int group_size() {
+    return PER_BLOCK ? (int)blockDim.x : 32;
+}
+
 // The row sum of one group of group_threads threads (whole warps) inside a
 // block of several: block_sum's order and its two barriers, with a slot per
 // warp and a result per group.
@@ -343,31 +370,6 @@ __device__ __forceinline__ void strip_rows(long long first, long long last,
         }
         step(k % S, active ? first + k : 0, active);
     }
-}
-
-// A row is reduced by its own warp, or by the whole block.
-template <bool PER_BLOCK, typename V>
-__device__ __forceinline__ V row_sum(V v) {
-    if constexpr (PER_BLOCK) return block_sum(v);
-    else return warp_sum(v);
-}
-
-// The row group (a warp or a block) a thread belongs to, and its rank in it.
-template <bool PER_BLOCK>
-__device__ __forceinline__ long long group_index() {
-    if constexpr (PER_BLOCK) return blockIdx.x;
-    else return (long long)blockIdx.x * (blockDim.x >> 5)
-                + (threadIdx.x >> 5);
-}
-
-template <bool PER_BLOCK>
-__device__ __forceinline__ int rank_in_group() {
-    return PER_BLOCK ? (int)threadIdx.x : (int)(threadIdx.x & 31);
-}
-
-template <bool PER_BLOCK>
-__device__ __forceinline__ int group_size() {
-    return PER_BLOCK ? (int)blockDim.x : 32;
 }
 
 #endif  // LNORM_LAYERNORM_COMMON_CU

@@ -301,7 +301,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     ``time = steps * max(C * b_row / B, (C * b_row / B + L) / k)``, plus the
     fill (``L`` per strip when ``k > 1``) and the launch overhead, with the
     terms of the module docstring; the backward adds its second stage,
-    reading the partial sums once.
+    reading the partial sums once at copy speed (optimistic for v4's
+    second stage, whose threads have few loads in flight; v5's has four
+    times the threads per column and eight loads in flight each).
 
     Parameters
     ----------

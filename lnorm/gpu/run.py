@@ -22,7 +22,6 @@ True
 
 from __future__ import annotations
 
-import math
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -39,7 +38,6 @@ from .kernels import (
     check_backward_args,
     check_forward_args,
     compile_binary,
-    constants,
     kernel_params,
 )
 
@@ -305,10 +303,9 @@ class FusedLayerNorm:
         dbeta_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
         self._launch(name, grid, block, (*ins, dgamma_part, dbeta_part, *ints),
                      p.backward_shared_bytes)
-        slices = constants()["LN_REDUCE_SLICES"]
-        self._functions["ln_bwd_reduce_params"](
-            (math.ceil(p.D / 32),),
-            (32, slices),
+        rname, rgrid, rblock = p.reduce_launch()
+        self._functions[rname](
+            rgrid, rblock,
             (dgamma_part, dbeta_part, np.int32(p.partial_rows), np.int32(p.D), dgamma,
              dbeta),
         )
