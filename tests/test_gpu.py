@@ -470,7 +470,8 @@ def test_grouped_forward_is_v4_with_strips_and_prefetch(compiled):
     stores, its shuffles); x copied into shared memory with cp.async for the
     variants of 16-byte vectors (the rows in flight but one before the loop,
     one in it) and loaded as in v4 for the others; one wait a row; two
-    barriers per row sum (three sums) for groups of warps in a block."""
+    barriers per row sum (three sums) for groups of warps in a block; y
+    stored with the streaming hint."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if FWD_GROUPED.fullmatch(n)}
     assert len(grouped) == 8
@@ -491,6 +492,9 @@ def test_grouped_forward_is_v4_with_strips_and_prefetch(compiled):
         assert r.count("shfl.sync.bfly") == v4.count("shfl.sync.bfly"), name
         assert r.count("bar.sync") == (2 * 3 if mapping == "block" else 0), name
         assert r.count("atom") == 0 and r.local_bytes == 0, name
+        # y, written once, with the streaming hint (v4's forward: none)
+        assert r.count("st.global.cs") == v4.per_argument("st")["y"][0], name
+        assert v4.count("st.global.cs") == 0, name
 
 
 def test_reductions_use_shuffles_and_little_shared_memory(compiled):

@@ -17,8 +17,10 @@
 // the thread's i-th vector, vector v of the row, as floats; `row_sum_of`
 // sums over the group. A row that is not `active` (v5 pads a block's strips
 // to one length) reads and writes nothing and adds zeros to the row sums,
-// which every thread of the group still makes.
-template <typename T, int VEC, typename LoadRow, typename RowSum>
+// which every thread of the group still makes. STREAM stores y with the
+// streaming cache hint (v5; v4's forward stores it plainly).
+template <typename T, int VEC, bool STREAM = false, typename LoadRow,
+          typename RowSum>
 __device__ __forceinline__ void forward_row(
     const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ y,
     float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
@@ -86,7 +88,8 @@ __device__ __forceinline__ void forward_row(
 #pragma unroll
             for (int c = 0; c < VEC; ++c)
                 out[c] = xv[i * VEC + c] * rstd * g[c] + b[c];
-            Vec<T, VEC>::store(yrow + v * VEC, out);
+            if constexpr (STREAM) VecStream<T, VEC>::store(yrow + v * VEC, out);
+            else Vec<T, VEC>::store(yrow + v * VEC, out);
         }
     }
     if (active && t == 0) {
@@ -179,7 +182,7 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     };
     strip_rows<STAGED, S>(first, last, rows_per_group, prefetch,
                           [&](int buffer, long long row, bool active) {
-        forward_row<T, VEC>(
+        forward_row<T, VEC, true>(
             gamma, beta, y, mean_hi_out, mean_lo_out, rstd_out, row, D, eps,
             t, G, active,
             [&](int i, int v, float* xv) {
