@@ -733,7 +733,8 @@ class LaunchPlan:
         r"""Return the name of the forward or backward kernel this plan launches.
 
         The name is ``ln_{fwd|bwd}_{warp|block|long}_{f32|f16}_v{vec}``; the
-        backward of v3 is ``ln_bwd_atomic_...``, of v5 ``ln_bwd_grouped_...``.
+        backward of v3 is ``ln_bwd_atomic_...``; v5's are ``ln_bwd_grouped_...``
+        and ``ln_fwd_grouped_...``.
 
         Parameters
         ----------
@@ -764,6 +765,8 @@ class LaunchPlan:
         'ln_bwd_long_f16_v8'
         >>> plan(64, 7, "float32", rung="v3").kernel("backward")
         'ln_bwd_atomic_warp_f32_v1'
+        >>> plan(64, 4096, "float16", rung="v5").kernel("forward")
+        'ln_fwd_grouped_block_f16_v8'
         """
         if direction not in ("forward", "backward"):
             raise ValueError(
