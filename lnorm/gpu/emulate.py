@@ -453,10 +453,9 @@ def backward(
     parts = strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
     if rung == "v3":
         dgamma, dbeta = (add_in_order(part, order) for part in parts)
-    elif rung == "v5":
-        wide = constants()["LN_REDUCE_SLICES_WIDE"]
-        dgamma, dbeta = (reduce_partials(block_partials(part, p), wide)
-                         for part in parts)
-    else:
-        dgamma, dbeta = (reduce_partials(part) for part in parts)
+    else:  # v5's blocks add their groups first; its reduction has more slices
+        if rung == "v5":
+            parts = tuple(block_partials(part, p) for part in parts)
+        slices = p.reduce_launch()[2][1]
+        dgamma, dbeta = (reduce_partials(part, slices) for part in parts)
     return _rounded(dx, x.dtype).reshape(x.shape), dgamma, dbeta

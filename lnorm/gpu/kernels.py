@@ -567,7 +567,7 @@ class LaunchPlan:
         >>> plan(64, 7, "float32", rung="v5").backward_shared_bytes  # scalars: none
         0
         """
-        return self._prefetch_bytes("LN_BWD_ROWS_IN_FLIGHT", tensors=2)
+        return self._prefetch_bytes("backward", tensors=2)
 
     @property
     def forward_shared_bytes(self) -> int:
@@ -590,15 +590,49 @@ class LaunchPlan:
         >>> plan(8192, 4096, "float32").forward_shared_bytes
         0
         """
-        return self._prefetch_bytes("LN_FWD_ROWS_IN_FLIGHT", tensors=1)
+        return self._prefetch_bytes("forward", tensors=1)
 
-    def _prefetch_bytes(self, rows_in_flight: str, tensors: int) -> int:
+    def rows_in_flight(self, direction: str) -> int:
+        r"""Rows whose loads a row group of the kernel keeps in flight.
+
+        v5's kernels of 16-byte vectors prefetch: ``LN_FWD_ROWS_IN_FLIGHT``
+        rows in the forward, ``LN_BWD_ROWS_IN_FLIGHT`` in the backward, one
+        shared-memory buffer each. The other kernels load one row at a time.
+
+        Parameters
+        ----------
+        direction : {"forward", "backward"}
+            Which kernel.
+
+        Returns
+        -------
+        int
+            1 for the kernels that do not prefetch.
+
+        See Also
+        --------
+        lnorm.gpu.model.predict : Its default ``rows_in_flight``.
+
+        Examples
+        --------
+        >>> p = plan(8192, 1024, "float16", "v5")
+        >>> p.rows_in_flight("forward"), p.rows_in_flight("backward")
+        (3, 2)
+        >>> plan(8192, 1024, "float16").rows_in_flight("forward")
+        1
+        """
         if self.rung != "v5" or self.vec == 1:
+            return 1
+        key = "LN_FWD_ROWS_IN_FLIGHT" if direction == "forward" else (
+            "LN_BWD_ROWS_IN_FLIGHT")
+        return constants()[key]
+
+    def _prefetch_bytes(self, direction: str, tensors: int) -> int:
+        k = self.rows_in_flight(direction)
+        if k == 1:
             return 0
-        c = constants()
-        vectors = c["LN_ELEMS_PER_THREAD"] // self.vec  # of 16 bytes, a row
-        per_thread = c[rows_in_flight] * tensors * 16 * vectors
-        return per_thread * (self.backward_block or self.block)
+        vectors = constants()["LN_ELEMS_PER_THREAD"] // self.vec  # of 16 bytes
+        return k * tensors * 16 * vectors * (self.backward_block or self.block)
 
     def forward_launch(self, eps: float) -> tuple[str, tuple, tuple, tuple]:
         r"""Return the forward kernel's launch: name, grid, block, trailing arguments.

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..cost import traffic
-from .kernels import BACKWARD_KERNELS, FORWARD_KERNELS, constants, plan
+from .kernels import BACKWARD_KERNELS, FORWARD_KERNELS, plan
 
 __all__ = ["H100", "REGISTERS", "STATIC_SHARED", "Device", "Prediction", "predict",
            "occupancy"]
@@ -224,6 +224,9 @@ class Prediction:
         Row steps of one group, ``ceil(groups / C) * rows_per_group``.
     time : float
         Predicted seconds.
+    blocks_per_sm : int
+        Blocks of the main kernel resident on one SM
+        (:func:`lnorm.gpu.model.occupancy`, with its shared memory).
 
     See Also
     --------
@@ -246,6 +249,7 @@ class Prediction:
     concurrent_groups: int
     steps: int
     time: float
+    blocks_per_sm: int
 
     @property
     def bandwidth(self) -> float:
@@ -320,10 +324,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         :data:`lnorm.gpu.model.REGISTERS`.
     rows_in_flight : int, optional
         Rows whose loads a group keeps outstanding, ``k``. Default: what the
-        kernel does: for v5's kernels of 16-byte vectors, which prefetch,
-        ``LN_FWD_ROWS_IN_FLIGHT`` (3) and ``LN_BWD_ROWS_IN_FLIGHT`` (2)
-        (:func:`lnorm.gpu.kernels.constants`); 1 for the others. Other values
-        model designs not built.
+        kernel does (:meth:`lnorm.gpu.kernels.LaunchPlan.rows_in_flight`: 3
+        and 2 for v5's forward and backward of 16-byte vectors, 1 for the
+        others). Other values model designs not built.
     rung : {"v4", "v3", "v5"}, default "v4"
         The kernels (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds the
         column sums into dgamma and dbeta by atomics (in L2): no partial sums
@@ -406,8 +409,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     mapping = "block" if p.per_block else "warp"
     shared = STATIC_SHARED.get(f"{short}_{mapping}", 0) + prefetch
     if rows_in_flight is None:
-        key = "FWD" if direction == "forward" else "BWD"
-        rows_in_flight = constants()[f"LN_{key}_ROWS_IN_FLIGHT"] if prefetch else 1
+        rows_in_flight = p.rows_in_flight(direction)
     blocks_per_sm = occupancy(block, regs, device, shared)
     if blocks_per_sm == 0:
         raise ValueError(
@@ -444,4 +446,4 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         time += (p.partials_bytes / 2 / device.bandwidth + device.latency
                  + device.launch_overhead)
     return Prediction(direction, rows, D, str(np.dtype(dtype)), must, must + extra,
-                      concurrent, steps, time)
+                      concurrent, steps, time, blocks_per_sm)
