@@ -29,6 +29,7 @@ ATOMIC = re.compile(r"ln_bwd_atomic_(warp|block)_(f32|f16)_v(\d)")
 GROUPED = re.compile(r"ln_bwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 FWD_GROUPED = re.compile(r"ln_fwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 LONG = re.compile(r"ln_(fwd|bwd)_long_(f32|f16)_v(\d)")
+GROUPED_LONG = re.compile(r"ln_(fwd|bwd)_grouped_long_(f32|f16)_v(\d)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
 # The shapes the book checks (every kernel variant), and rows of one element.
@@ -103,9 +104,13 @@ def test_constants_are_read_from_the_source():
         "LN_REDUCE_BATCH",
         "LN_FWD_ROWS_IN_FLIGHT",
         "LN_BWD_ROWS_IN_FLIGHT",
+        "LN_LONG_ELEMS_PER_THREAD",
         "LN_LONG_STRIP",
     }
     assert kernels.max_D() == E * C["LN_MAX_ROW_THREADS"] == 8192
+    # v5 takes GPT-3's rows (12288), float32 and float16, as 16-byte vectors.
+    assert kernels.max_D("v5") == C["LN_LONG_ELEMS_PER_THREAD"] * 512 == 12288
+    assert C["LN_LONG_ELEMS_PER_THREAD"] % 8 == 0
 
 
 @pytest.mark.parametrize(
@@ -322,7 +327,7 @@ def compiled(request):
 
 def test_every_kernel_compiles(compiled):
     _, reports, _ = compiled
-    assert len(ALL_KERNELS) == 50
+    assert len(ALL_KERNELS) == 54
     assert set(reports) == ALL_KERNELS
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
@@ -564,6 +569,53 @@ def test_long_row_kernels_read_the_row_once_per_pass(compiled):
     assert seen == 8
 
 
+def test_grouped_long_kernels_read_the_row_from_dram_once(compiled):
+    """v5 past max_D(): x (and dy) copied into shared memory once a row, the
+    rows in flight but one before the loop, one in the loop, where v4's
+    long-row kernels load x four times (forward) or x and dy twice (backward)
+    from global memory. The backward reads its copy from shared memory twice
+    (the row sums, then dx); gamma is loaded once a strip, the column sums
+    stored once a strip. Two barriers per row sum, none other."""
+    _, reports, _ = compiled
+    long_e = C["LN_LONG_ELEMS_PER_THREAD"]
+    found = {n: r for n, r in reports.items() if GROUPED_LONG.fullmatch(n)}
+    assert len(found) == 4  # forward and backward, float32 and float16 vectors
+    for name, r in found.items():
+        direction, storage, vec = GROUPED_LONG.fullmatch(name).groups()
+        vec = int(vec)
+        assert vec * ITEMSIZE[storage] == 16, name
+        row = (long_e // vec, long_e * ITEMSIZE[storage])  # a thread's vectors
+        stat = (1, 4)
+        if direction == "fwd":
+            ahead = C["LN_FWD_ROWS_IN_FLIGHT"] - 1
+            rows = ("x",)
+            assert r.per_argument("ld", in_loop=True) == {
+                "gamma": row, "beta": row}, name
+            assert r.per_argument("st", in_loop=True) == {
+                "y": row, "mean_hi": stat, "mean_lo": stat, "rstd": stat}, name
+            assert r.count("bar.sync") == 2 * 3 and r.shared_bytes == 4 * 32, name
+            assert r.count("ld.shared.v4") == row[0], name  # the row, once
+        else:
+            ahead = C["LN_BWD_ROWS_IN_FLIGHT"] - 1
+            rows = ("x", "dy")
+            assert r.per_argument("ld", in_loop=True) == {
+                "mean_hi": stat, "mean_lo": stat, "rstd": stat}, name
+            assert r.per_argument("ld", in_loop=False) == {"gamma": row}, name
+            assert r.per_argument("st", in_loop=True) == {"dx": row}, name
+            partial = (long_e // 4, long_e * 4)
+            assert r.per_argument("st", in_loop=False) == {
+                "dgamma_part": partial, "dbeta_part": partial}, name
+            assert r.count("bar.sync") == 2 and r.shared_bytes == 8 * 32, name
+            # x and dy from shared memory, twice
+            assert r.count("ld.shared.v4") == 2 * 2 * row[0], name
+        assert r.per_argument("cp", in_loop=True) == {a: row for a in rows}, name
+        assert r.per_argument("cp", in_loop=False) == {
+            a: (ahead * row[0], ahead * row[1]) for a in rows}, name
+        assert r.count("cp.async.wait_group") == 1 and r.count("cp.async.ca") == 0
+        assert r.count("st.global.cs") == row[0], name  # y or dx, streamed
+        assert r.count("shfl.sync.bfly") == (3 if direction == "fwd" else 2) * 5 * 2
+
+
 def test_parameter_reduction_kernel(compiled):
     _, reports, _ = compiled
     for name, slices in (("ln_bwd_reduce_params", C["LN_REDUCE_SLICES"]),
@@ -777,9 +829,14 @@ def test_atomic_kernel_name():
         "ln_bwd_atomic_block_f16_v8")
     assert kernels.plan(33, 2048, "float16", "v3").kernel("forward") == (
         "ln_fwd_block_f16_v8")  # the forward is the same for every rung
-    for rung in ("v3", "v5"):
-        with pytest.raises(ValueError, match="max_D"):
-            kernels.plan(4, 12288, "float32", rung)
+    with pytest.raises(ValueError, match="max_D"):
+        kernels.plan(4, 8200, "float32", "v3")
+    # v5 past max_D(): rows of 16-byte vectors up to max_D("v5") only
+    assert kernels.plan(4, 12288, "float32", "v5").kernel("backward") == (
+        "ln_bwd_grouped_long_f32_v4")
+    for D, dtype in ((12289, "float32"), (8196, "float16"), (12296, "float16")):
+        with pytest.raises(ValueError, match=r"max_D\('v5'\)"):
+            kernels.plan(4, D, dtype, "v5")
     with pytest.raises(ValueError, match="rung must be one of"):
         kernels.plan(4, 64, "float32", "v6")
 
@@ -819,7 +876,8 @@ def test_atomic_backward_v3_on_the_gpu(fused, rows, D, dtype):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("rows, D", [(5000, 64), (300, 768), (100, 1027), (8192, 4096)])
+@pytest.mark.parametrize("rows, D", [(5000, 64), (300, 768), (100, 1027), (8192, 4096),
+                                     (300, 12288)])
 def test_grouped_backward_v5_on_the_gpu(fused, rows, D, dtype):
     inp = check.make_inputs(rows, D, dtype, seed=D)
     got = check.forward_backward(fused.forward, fused.backward, inp, "v5")
@@ -1011,7 +1069,8 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         (37, 7, np.float16),
         (37, 1027, np.float32),
         (40, 8192, np.float16),
-        (24, 12288, np.float16),  # a long-row kernel
+        (24, 12288, np.float16),  # a long-row kernel (v4), in shared memory (v5)
+        (24, 12289, np.float32),  # a long-row kernel of scalars: v4 only
     ]:
         inp = check.make_inputs(rows, D, dtype, seed=1)
         p = kernels.plan(rows, D, dtype)
@@ -1057,19 +1116,21 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert reduce_named["dgamma_part"] is named["dgamma_part"]
         assert reduce_named["dgamma"] is dgamma and reduce_named["dbeta"] is dbeta
 
-        if p.chunks > 1:  # no v3 or v5 for long rows
+        rungs = kernels.rungs_for(D, dtype)
+        if "v3" in rungs:  # rows held in registers
+            launches.clear()
+            dx, dgamma, dbeta = fused.backward(
+                inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, rung="v3"
+            )
+            ((name, grid, block, args),) = launches  # one launch, into dgamma itself
+            p3 = kernels.plan(rows, D, dtype, "v3")
+            assert name == p3.kernel("backward") and grid == (p3.backward_grid,)
+            named = dict(zip(params[name], args))
+            assert named["dx"] is dx and named["dgamma"] is dgamma
+            assert named["dbeta"] is dbeta and named["row_groups"] == p.row_groups
+            assert not dgamma.any() and not dbeta.any()  # zeros before the launch
+        if "v5" not in rungs:  # long rows of scalars, or longer than v5 takes
             continue
-        launches.clear()
-        dx, dgamma, dbeta = fused.backward(
-            inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, rung="v3"
-        )
-        ((name, grid, block, args),) = launches  # one launch, into dgamma itself
-        p3 = kernels.plan(rows, D, dtype, "v3")
-        assert name == p3.kernel("backward") and grid == (p3.backward_grid,)
-        named = dict(zip(params[name], args))
-        assert named["dx"] is dx and named["dgamma"] is dgamma
-        assert named["dbeta"] is dbeta and named["row_groups"] == p.row_groups
-        assert not dgamma.any() and not dbeta.any()  # zeros before the launch
 
         launches.clear()
         dx, dgamma, dbeta = fused.backward(
@@ -1278,8 +1339,9 @@ def test_model_prefetch_makes_a_step_bandwidth_bound():
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_model_v5_reaches_the_targets(direction, dtype):
     """The issue's targets by the model: 90% of the copy bandwidth from
-    8192 x 4096, 75% at 8192 x 1024 (v5's kernels, which prefetch)."""
-    for D, target in ((1024, 0.75), (4096, 0.90), (8192, 0.90)):
+    8192 x 4096, 75% at 8192 x 1024 (v5's kernels, which prefetch; at
+    GPT-3's 12288, v5's rows in shared memory)."""
+    for D, target in ((1024, 0.75), (4096, 0.90), (8192, 0.90), (12288, 0.90)):
         share = model.predict(direction, 8192, D, dtype, rung="v5").share()
         assert target <= share < 1, (D, share)
         # v4, which does not prefetch, does not reach them.

@@ -47,6 +47,7 @@ __all__ = [
     "LaunchPlan",
     "plan",
     "max_D",
+    "rungs_for",
     "check_forward_args",
     "check_backward_args",
 ]
@@ -122,8 +123,9 @@ def constants() -> dict[str, int]:
         row elements per thread, rows per block of the warp-per-row kernels,
         the largest block, threads per column of the dgamma/dbeta reduction
         (v4's; v5's, with the loads each of its threads keeps in flight), the
-        rows v5's forward and backward keep in flight, and rows per strip of
-        the long-row backward.
+        rows v5's forward and backward keep in flight, the row elements a
+        thread of v5's long-row kernels takes, and rows per strip of v4's
+        long-row backward.
 
     See Also
     --------
@@ -142,6 +144,7 @@ def constants() -> dict[str, int]:
     LN_REDUCE_BATCH 8
     LN_FWD_ROWS_IN_FLIGHT 3
     LN_BWD_ROWS_IN_FLIGHT 2
+    LN_LONG_ELEMS_PER_THREAD 24
     LN_LONG_STRIP 16
     """
     return dict(_constants())
@@ -209,7 +212,8 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     Kernels are written either directly (``extern "C" __global__ ...
     name(...)``) or, one per variant, by a macro ``#define M(SUFFIX, ...)``
     declaring ``prefix##SUFFIX(...)`` and expanded by a list of variants,
-    ``LN_VARIANTS(M)`` or ``LN_LONG_VARIANTS(M)``; both are read.
+    ``LN_VARIANTS(M)``, ``LN_LONG_VARIANTS(M)`` or ``LN_LONG_VECTOR_VARIANTS(M)``;
+    all are read.
 
     Parameters
     ----------
@@ -236,7 +240,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (26, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (28, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -631,7 +635,9 @@ class LaunchPlan:
         k = self.rows_in_flight(direction)
         if k == 1:
             return 0
-        vectors = constants()["LN_ELEMS_PER_THREAD"] // self.vec  # of 16 bytes
+        per_thread = "LN_LONG_ELEMS_PER_THREAD" if self.chunks > 1 else (
+            "LN_ELEMS_PER_THREAD")
+        vectors = constants()[per_thread] // self.vec  # of 16 bytes
         return k * tensors * 16 * vectors * (self.backward_block or self.block)
 
     def forward_launch(self, eps: float) -> tuple[str, tuple, tuple, tuple]:
@@ -812,29 +818,86 @@ class LaunchPlan:
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 
 
-def max_D() -> int:
-    r"""Return the longest row the register-resident kernels hold.
+def max_D(rung: str = "v4") -> int:
+    r"""Return the longest row a block holds in registers, or that v5's kernels take.
 
-    ``max_D = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: elements per thread
-    times the largest block. Longer rows (up to :data:`MAX_ROW`) go to the
-    long-row kernels, which read the row from memory again for every pass.
+    ``max_D() = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: elements per
+    thread times the largest block. Longer rows (up to :data:`MAX_ROW`) go to
+    v4's long-row kernels, which read the row from memory again for every
+    pass. v5's kernels take rows of 16-byte vectors up to ``max_D("v5") =
+    LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: past ``max_D()`` their
+    backward keeps the row in shared memory, where its prefetch put it, and
+    reads it from there twice.
+
+    Parameters
+    ----------
+    rung : {"v4", "v5"}, default "v4"
+        Whose limit. (v3's is ``max_D()``.)
 
     Returns
     -------
     int
-        The largest ``D`` whose row one block holds in registers.
+        The largest ``D`` whose row one block holds in registers, or (v5) the
+        largest ``D`` v5's kernels take.
 
     See Also
     --------
-    lnorm.gpu.kernels.constants : The two constants.
+    lnorm.gpu.kernels.constants : The constants.
 
     Examples
     --------
-    >>> max_D()
-    8192
+    >>> max_D(), max_D("v5")
+    (8192, 12288)
     """
     c = constants()
-    return c["LN_ELEMS_PER_THREAD"] * c["LN_MAX_ROW_THREADS"]
+    per_thread = "LN_LONG_ELEMS_PER_THREAD" if rung == "v5" else "LN_ELEMS_PER_THREAD"
+    return c[per_thread] * c["LN_MAX_ROW_THREADS"]
+
+
+def rungs_for(D: int, dtype) -> tuple[str, ...]:
+    r"""Return the rungs whose kernels take rows of length ``D`` stored as ``dtype``.
+
+    v4 takes any ``D``; v3 rows up to ``max_D()``; v5 those, and rows of
+    16-byte vectors up to ``max_D("v5")``.
+
+    Parameters
+    ----------
+    D : int
+        Row length, ``1 <= D <= MAX_ROW``.
+    dtype : dtype-like
+        float32 or float16.
+
+    Returns
+    -------
+    tuple of str
+        In the order of :data:`lnorm.gpu.kernels.RUNGS`.
+
+    Raises
+    ------
+    ValueError, TypeError
+        A ``D`` or ``dtype`` that :func:`lnorm.gpu.kernels.plan` refuses for
+        every rung.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.plan : Refuses the others.
+
+    Examples
+    --------
+    >>> rungs_for(4096, "float16"), rungs_for(12288, "float16")
+    (('v3', 'v4', 'v5'), ('v4', 'v5'))
+    >>> rungs_for(12289, "float32"), rungs_for(16384, "float32")
+    (('v4',), ('v4',))
+    """
+    plan(0, D, dtype)  # raises for a D or dtype that no rung takes
+    out = []
+    for rung in RUNGS:
+        try:
+            plan(0, D, dtype, rung)
+        except ValueError:
+            continue
+        out.append(rung)
+    return tuple(out)
 
 
 def _check_dtype(dtype, name: str) -> np.dtype:
@@ -865,7 +928,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     ``LN_WARPS_PER_BLOCK`` (rows held by a warp), and doubles the strip from
     16 rows until the partial sums, one row per block, are at most
     :data:`lnorm.gpu.kernels.PARTIALS_BUDGET` of the bytes the backward must
-    move (``x`` and ``dy`` read, ``dx`` written). v3 has v4's strips.
+    move (``x`` and ``dy`` read, ``dx`` written). v3 has v4's strips. For
+    rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
+    as v4's long-row kernels take it (the same order of every sum), and takes
+    rows of 16-byte vectors up to ``max_D("v5")``.
 
     Parameters
     ----------
@@ -876,8 +942,9 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     dtype : dtype-like
         Storage type: float32 or float16.
     rung : {"v4", "v3", "v5"}, default "v4"
-        The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`); v3 and v5 only
-        for rows held in registers (``D <= max_D()``).
+        The kernels (:data:`lnorm.gpu.kernels.RUNGS`); v3 only for rows held
+        in registers (``D <= max_D()``), v5 also for rows of 16-byte vectors
+        up to ``max_D("v5")``.
 
     Returns
     -------
@@ -888,7 +955,8 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     ------
     ValueError
         ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D > MAX_ROW``; a rung
-        not in ``RUNGS``, or v3 or v5 for ``D > max_D()``.
+        not in ``RUNGS``; v3 for ``D > max_D()``; v5 for ``D > max_D("v5")``,
+        or for ``D > max_D()`` not a multiple of the 16-byte vector.
     TypeError
         ``dtype`` not float32 or float16.
 
@@ -913,6 +981,9 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     >>> p = plan(8192, 4096, "float16", rung="v5")  # two groups of 256 a block
     >>> p.backward_block, p.rows_per_group, p.backward_grid, p.partial_rows
     (512, 32, 128, 128)
+    >>> p = plan(8192, 12288, "float32", rung="v5")  # past registers: one group a block
+    >>> p.kernel("backward"), p.backward_block, p.rows_per_group, p.backward_grid
+    ('ln_bwd_grouped_long_f32_v4', 512, 32, 256)
     """
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {RUNGS}; got {rung!r}.")
@@ -953,10 +1024,17 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         rows_per_group = c["LN_LONG_STRIP"]
     else:
         rows_per_group = max(MIN_ROWS_PER_GROUP, math.ceil(rows / MAX_ROW_GROUPS))
-    if rung != "v4" and chunks > 1:
+    if rung == "v3" and chunks > 1:
         raise ValueError(
             f"rung {rung!r} has kernels for rows of at most max_D() = {max_D()}; "
             f"got D = {D}. Use rung='v4', whose long-row kernels take any D."
+        )
+    if rung == "v5" and chunks > 1 and (vec == 1 or D > max_D("v5")):
+        raise ValueError(
+            f"rung 'v5' has kernels for rows of at most max_D() = {max_D()}, and "
+            f"for rows of 16-byte vectors (D a multiple of {_MAX_VEC[dtype]}) of at "
+            f"most max_D('v5') = {max_D('v5')}; got D = {D}. Use rung='v4', whose "
+            "long-row kernels take any D."
         )
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
     backward_block = 0

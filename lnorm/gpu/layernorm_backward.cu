@@ -189,33 +189,49 @@ LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 // The row step is v4's arithmetic, written once below for v5 alone: v4's
 // kernel keeps its own code, whose compiled form the H100 timed.
 
-// One row of the backward for one thread: take x and dy once (`load_row(i,
-// at, xv, dyv)` gives the thread's i-th vector, elements at..at+VEC-1 of the
-// arrays), recompute xhat in registers, make both row reductions with
-// `row_sum_of`, write dx once, and add this row's dy * xhat and dy into the
-// thread's column sums. A row that is not `active` (v5 pads a block's strips
-// to one length) reads and writes nothing and adds zeros to the row sums,
-// which every thread of the group still makes. dx streams (VecStream:
-// written once).
-template <typename T, int VEC, typename LoadRow, typename RowSum>
+// One row of the backward for one thread, which holds E elements of the
+// row: take x and dy (`load_row(i, at, xv, dyv)` gives the thread's i-th
+// vector, elements at..at+VEC-1 of the arrays), recompute xhat, make both row
+// reductions with `row_sum_of`, write dx once, and add this row's dy * xhat
+// and dy into the thread's column sums. A row that is not `active` (v5 pads
+// a block's strips to one length) reads and writes nothing and adds zeros to
+// the row sums, which every thread of the group still makes. dx streams
+// (VecStream: written once).
+//
+// xhat and g wait in registers between the row sums and dx, E of each. For
+// rows longer than that leaves registers for (TWICE, E =
+// LN_LONG_ELEMS_PER_THREAD), the row waits in shared memory instead, where
+// v5's prefetch put it: step 3 takes it again and makes xhat and g again, by
+// the same operations, to the same bits; registers then hold only gamma and
+// the column sums.
+template <typename T, int VEC, int E, bool TWICE, typename LoadRow,
+          typename RowSum>
 __device__ __forceinline__ void backward_row(
     const float* __restrict__ mean_hi, const float* __restrict__ mean_lo,
     const float* __restrict__ rstd, T* __restrict__ dx, long long row, int D,
-    int t, int G, bool active, const float (&gam)[LN_ELEMS_PER_THREAD],
-    float (&dgamma_acc)[LN_ELEMS_PER_THREAD],
-    float (&dbeta_acc)[LN_ELEMS_PER_THREAD], LoadRow load_row,
-    RowSum row_sum_of)
+    int t, int G, bool active, const float (&gam)[E], float (&dgamma_acc)[E],
+    float (&dbeta_acc)[E], LoadRow load_row, RowSum row_sum_of)
 {
-    constexpr int E = LN_ELEMS_PER_THREAD;
     constexpr int VPT = E / VEC;
+    constexpr int KEPT = TWICE ? VEC : E;  // xhat and g kept: one vector, or all
     const int nvec = D / VEC;
     const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
     const float rs = rstd[row];
     const long long offset = row * D;
 
-    // Step 1: take x, dy once; xhat and g into registers; this thread's share
-    // of sum(g) and sum(g * xhat); the column partials.
-    float xhat[E], g[E];
+    // xhat and g of element c of vector i, into slot s of the kept ones.
+    float xhat[KEPT], g[KEPT];
+    auto terms = [&](int i, const float* xv, const float* dyv) {
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) {
+            const int s = TWICE ? c : i * VEC + c;
+            xhat[s] = ((xv[c] - mu_hi) - mu_lo) * rs;
+            g[s] = gam[i * VEC + c] * dyv[c];
+        }
+    };
+
+    // Step 1: take x, dy; xhat and g; this thread's share of sum(g) and
+    // sum(g * xhat); the column partials.
     float2 part = make_float2(0.0f, 0.0f);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -223,14 +239,13 @@ __device__ __forceinline__ void backward_row(
         if (active && v < nvec) {
             float xv[VEC], dyv[VEC];
             load_row(i, offset + v * VEC, xv, dyv);
+            terms(i, xv, dyv);
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
-                const int k = i * VEC + c;
-                xhat[k] = ((xv[c] - mu_hi) - mu_lo) * rs;
-                g[k] = gam[k] * dyv[c];
-                part.x += g[k];
-                part.y += g[k] * xhat[k];
-                dgamma_acc[k] += dyv[c] * xhat[k];
+                const int k = i * VEC + c, s = TWICE ? c : k;
+                part.x += g[s];
+                part.y += g[s] * xhat[s];
+                dgamma_acc[k] += dyv[c] * xhat[s];
                 dbeta_acc[k] += dyv[c];
             }
         }
@@ -242,16 +257,22 @@ __device__ __forceinline__ void backward_row(
     const float mean_g = part.x / (float)D;
     const float mean_gxhat = part.y / (float)D;
 
-    // Step 3: dx from registers, written once.
+    // Step 3: dx, written once, from the kept xhat and g (TWICE: made again
+    // from a second read of the row).
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (active && v < nvec) {
+            if constexpr (TWICE) {
+                float xv[VEC], dyv[VEC];
+                load_row(i, offset + v * VEC, xv, dyv);
+                terms(i, xv, dyv);
+            }
             float out[VEC];
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
-                const int k = i * VEC + c;
-                out[c] = ((g[k] - mean_g) - xhat[k] * mean_gxhat) * rs;
+                const int s = TWICE ? c : i * VEC + c;
+                out[c] = ((g[s] - mean_g) - xhat[s] * mean_gxhat) * rs;
             }
             VecStream<T, VEC>::store(dx + offset + v * VEC, out);
         }
@@ -259,14 +280,12 @@ __device__ __forceinline__ void backward_row(
 }
 
 // gamma is the same for every row of a strip: read it once, keep it in
-// registers; and zero the column sums.
-template <typename T, int VEC>
+// registers; and zero the column sums. E elements a thread.
+template <typename T, int VEC, int E>
 __device__ __forceinline__ void start_strip(
-    const T* __restrict__ gamma, int D, int t, int G,
-    float (&gam)[LN_ELEMS_PER_THREAD], float (&dgamma_acc)[LN_ELEMS_PER_THREAD],
-    float (&dbeta_acc)[LN_ELEMS_PER_THREAD])
+    const T* __restrict__ gamma, int D, int t, int G, float (&gam)[E],
+    float (&dgamma_acc)[E], float (&dbeta_acc)[E])
 {
-    constexpr int E = LN_ELEMS_PER_THREAD;
     constexpr int VPT = E / VEC;
     const int nvec = D / VEC;
 #pragma unroll
@@ -279,13 +298,12 @@ __device__ __forceinline__ void start_strip(
 }
 
 // A thread's column sums, as one row of the (partial rows, D) buffers.
-template <int VEC>
+template <int VEC, int E>
 __device__ __forceinline__ void store_columns(
     float* __restrict__ dgamma_row, float* __restrict__ dbeta_row, int D,
-    int t, int G, const float (&dgamma_acc)[LN_ELEMS_PER_THREAD],
-    const float (&dbeta_acc)[LN_ELEMS_PER_THREAD])
+    int t, int G, const float (&dgamma_acc)[E], const float (&dbeta_acc)[E])
 {
-    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;
+    constexpr int VPT = E / VEC;
     const int nvec = D / VEC;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -298,7 +316,7 @@ __device__ __forceinline__ void store_columns(
     }
 }
 
-template <typename T, int VEC, bool PER_BLOCK>
+template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD>
 __device__ __forceinline__ void layernorm_backward_grouped(
     const T* __restrict__ dy, const T* __restrict__ x,
     const T* __restrict__ gamma, const float* __restrict__ mean_hi,
@@ -307,17 +325,15 @@ __device__ __forceinline__ void layernorm_backward_grouped(
     float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
     int rows, int D, int rows_per_group, int group_threads)
 {
-    constexpr int E = LN_ELEMS_PER_THREAD;
-    // One group's column sums on their way to group 0 (P > 1 only, so a
-    // group has at most half the largest block of the variant).
-    constexpr int MAX_GROUP = (PER_BLOCK ? LN_BLOCK_THREADS : LN_WARP_THREADS) / 2;
-    __shared__ float columns[2][E][MAX_GROUP];
+    // Rows longer than registers hold with x and dy (E > LN_ELEMS_PER_THREAD)
+    // have one group of LN_MAX_ROW_THREADS threads a block (P = 1).
+    constexpr bool LONG = E > LN_ELEMS_PER_THREAD;
     const int G = group_threads, P = blockDim.x / G;
     const int p = threadIdx.x / G, t = threadIdx.x % G;
     const long long group = (long long)blockIdx.x * P + p;
 
     float dgamma_acc[E], dbeta_acc[E], gam[E];
-    start_strip<T, VEC>(gamma, D, t, G, gam, dgamma_acc, dbeta_acc);
+    start_strip<T, VEC, E>(gamma, D, t, G, gam, dgamma_acc, dbeta_acc);
 
     const long long first = group * rows_per_group;
     const long long last = min(first + rows_per_group, (long long)rows);
@@ -351,49 +367,60 @@ __device__ __forceinline__ void layernorm_backward_grouped(
             }
         }
     };
-    strip_rows<STAGED, S>(first, last, rows_per_group, prefetch,
+    strip_rows<STAGED, S>(first, last, rows_per_group, P, prefetch,
                           [&](int buffer, long long row, bool active) {
-        backward_row<T, VEC>(
+        // A row of scalars read twice (LONG) is read the second time from
+        // cache: no streaming hint on its loads.
+        auto load_row = [&](int i, long long at, float* xv, float* dyv) {
+            if constexpr (STAGED) {
+                Vec<T, VEC>::load(
+                    reinterpret_cast<const T*>(slot(buffer, 0, i)), xv);
+                Vec<T, VEC>::load(
+                    reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv);
+            } else if constexpr (LONG) {
+                Vec<T, VEC>::load(x + at, xv);
+                Vec<T, VEC>::load(dy + at, dyv);
+            } else {
+                VecStream<T, VEC>::load(x + at, xv);
+                VecStream<T, VEC>::load(dy + at, dyv);
+            }
+        };
+        backward_row<T, VEC, E, LONG>(
             mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam, dgamma_acc,
-            dbeta_acc,
-            [&](int i, long long at, float* xv, float* dyv) {
-                if constexpr (STAGED) {
-                    Vec<T, VEC>::load(
-                        reinterpret_cast<const T*>(slot(buffer, 0, i)), xv);
-                    Vec<T, VEC>::load(
-                        reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv);
-                } else {
-                    VecStream<T, VEC>::load(x + at, xv);
-                    VecStream<T, VEC>::load(dy + at, dyv);
-                }
-            },
-            row_sum_of);
+            dbeta_acc, load_row, row_sum_of);
     });
 
     // Step 4: group q hands its column sums to group 0, q = 1, ..., P - 1 in
     // order; then group 0 writes the block's row of the partial buffers.
-    for (int q = 1; q < P; ++q) {
-        if (p == q) {
+    if constexpr (!LONG) {
+        // One group's column sums on their way to group 0 (P > 1 only, so a
+        // group has at most half the largest block of the variant).
+        constexpr int MAX_GROUP =
+            (PER_BLOCK ? LN_BLOCK_THREADS : LN_WARP_THREADS) / 2;
+        __shared__ float columns[2][E][MAX_GROUP];
+        for (int q = 1; q < P; ++q) {
+            if (p == q) {
 #pragma unroll
-            for (int k = 0; k < E; ++k) {
-                columns[0][k][t] = dgamma_acc[k];
-                columns[1][k][t] = dbeta_acc[k];
+                for (int k = 0; k < E; ++k) {
+                    columns[0][k][t] = dgamma_acc[k];
+                    columns[1][k][t] = dbeta_acc[k];
+                }
             }
-        }
-        __syncthreads();
-        if (p == 0) {
+            __syncthreads();
+            if (p == 0) {
 #pragma unroll
-            for (int k = 0; k < E; ++k) {
-                dgamma_acc[k] += columns[0][k][t];
-                dbeta_acc[k] += columns[1][k][t];
+                for (int k = 0; k < E; ++k) {
+                    dgamma_acc[k] += columns[0][k][t];
+                    dbeta_acc[k] += columns[1][k][t];
+                }
             }
+            __syncthreads();
         }
-        __syncthreads();
     }
     if (p == 0)
-        store_columns<VEC>(dgamma_part + blockIdx.x * (long long)D,
-                           dbeta_part + blockIdx.x * (long long)D, D, t, G,
-                           dgamma_acc, dbeta_acc);
+        store_columns<VEC, E>(dgamma_part + blockIdx.x * (long long)D,
+                              dbeta_part + blockIdx.x * (long long)D, D, t,
+                              G, dgamma_acc, dbeta_acc);
 }
 
 // v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
@@ -421,6 +448,31 @@ __device__ __forceinline__ void layernorm_backward_grouped(
     }
 
 LN_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
+
+// v5 for rows longer than registers hold with x and dy, up to
+// LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: ln_bwd_grouped_long_<suffix>,
+// one group of LN_MAX_ROW_THREADS threads a block, launched as the others
+// (LN_BWD_ROWS_IN_FLIGHT * 2 * 16 * (LN_LONG_ELEMS_PER_THREAD / VEC) bytes
+// of dynamic shared memory per thread for 16-byte vectors).
+#define LN_BACKWARD_GROUPED_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)         \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \
+                            const T* __restrict__ x,                         \
+                            const T* __restrict__ gamma,                     \
+                            const float* __restrict__ mean_hi,               \
+                            const float* __restrict__ mean_lo,               \
+                            const float* __restrict__ rstd,                  \
+                            T* __restrict__ dx,                              \
+                            float* __restrict__ dgamma_part,                 \
+                            float* __restrict__ dbeta_part,                  \
+                            int rows, int D, int rows_per_group,             \
+                            int group_threads) {                             \
+        layernorm_backward_grouped<T, VEC, true, LN_LONG_ELEMS_PER_THREAD>(  \
+            dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,           \
+            dbeta_part, rows, D, rows_per_group, group_threads);             \
+    }
+
+LN_LONG_VECTOR_VARIANTS(LN_BACKWARD_GROUPED_LONG_KERNEL)
 
 // Second kernel: dgamma[j] = sum over p of dgamma_part[p, j] (dbeta alike).
 // A block is 32 columns x SLICES threads: thread (j, s) sums rows

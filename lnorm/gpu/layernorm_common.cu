@@ -17,6 +17,7 @@
 #define LN_REDUCE_BATCH 8        // v5's reduction: loads per thread in flight
 #define LN_FWD_ROWS_IN_FLIGHT 3  // v5's forward: rows whose loads are in flight
 #define LN_BWD_ROWS_IN_FLIGHT 2  // v5's backward: the same (x and dy: twice the bytes)
+#define LN_LONG_ELEMS_PER_THREAD 24 // v5's rows past registers: elements a thread takes
 // Largest block of each kind, for __launch_bounds__.
 #define LN_WARP_THREADS (32 * LN_WARPS_PER_BLOCK)
 #define LN_BLOCK_THREADS LN_MAX_ROW_THREADS
@@ -33,6 +34,19 @@
     K(block_f32_v1, float, 1, true, LN_BLOCK_THREADS)       \
     K(block_f16_v8, half_bits, 8, true, LN_BLOCK_THREADS)   \
     K(block_f16_v1, half_bits, 1, true, LN_BLOCK_THREADS)
+
+// The variants of the kernels for rows longer than registers hold: a block
+// per row group, never a warp. K(suffix, storage type, vector, largest block).
+#define LN_LONG_VARIANTS(K)                            \
+    K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
+    K(long_f32_v1, float, 1, LN_BLOCK_THREADS)         \
+    K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)     \
+    K(long_f16_v1, half_bits, 1, LN_BLOCK_THREADS)
+// v5's kernels for these rows: 16-byte vectors only (rows of scalars this
+// long would not fit a thread's registers without spilling).
+#define LN_LONG_VECTOR_VARIANTS(K)                     \
+    K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
+    K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)
 
 // float16 is stored as its 16 raw bits and converted with one PTX instruction
 // each way, so no cuda_fp16.h is needed. Arithmetic is always float32. On the
@@ -344,15 +358,18 @@ __device__ __forceinline__ uint4* prefetch_slot(uint4* staged, int buffer,
 
 // The row loop of v5's kernels over a strip of rows_per_group rows, of which
 // rows first .. last - 1 are the group's (the others inactive: the groups of
-// a block step together). With STAGED, the copies of each row are started
-// S - 1 rows ahead by `prefetch(row, buffer)` into buffer row % S of the
-// strip, one commit group per row (empty past the strip), and waited for
-// before `step(buffer, row, active)` works on it; without, `step` reads
-// global memory itself (buffer unused). An inactive row's `row` is 0.
+// a block step together). A block of one group (P == 1) stops at its last
+// row: its threads agree on it, so they still meet at every barrier. With
+// STAGED, the copies of each row are started S - 1 rows ahead by
+// `prefetch(row, buffer)` into buffer row % S of the strip, one commit group
+// per row (empty past the strip), and waited for before `step(buffer, row,
+// active)` works on it; without, `step` reads global memory itself (buffer
+// unused). An inactive row's `row` is 0.
 template <bool STAGED, int S, typename Prefetch, typename Step>
 __device__ __forceinline__ void strip_rows(long long first, long long last,
-                                           int rows_per_group,
+                                           int rows_per_group, int P,
                                            Prefetch prefetch, Step step) {
+    const int steps = P == 1 ? (int)max(0LL, last - first) : rows_per_group;
     if constexpr (STAGED) {
 #pragma unroll
         for (int j = 0; j < S - 1; ++j) {
@@ -360,7 +377,7 @@ __device__ __forceinline__ void strip_rows(long long first, long long last,
             async_commit();
         }
     }
-    for (int k = 0; k < rows_per_group; ++k) {
+    for (int k = 0; k < steps; ++k) {
         const bool active = first + k < last;
         if constexpr (STAGED) {
             if (first + k + S - 1 < last)

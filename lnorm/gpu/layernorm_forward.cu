@@ -18,23 +18,25 @@
 // sums over the group. A row that is not `active` (v5 pads a block's strips
 // to one length) reads and writes nothing and adds zeros to the row sums,
 // which every thread of the group still makes. STREAM stores y with the
-// streaming cache hint (v5; v4's forward stores it plainly).
-template <typename T, int VEC, bool STREAM = false, typename LoadRow,
-          typename RowSum>
+// streaming cache hint (v5; v4's forward stores it plainly). A thread holds
+// E elements of the row (E / VEC vectors): LN_ELEMS_PER_THREAD, or for v5's
+// rows longer than that, LN_LONG_ELEMS_PER_THREAD.
+template <typename T, int VEC, bool STREAM = false,
+          int E = LN_ELEMS_PER_THREAD, typename LoadRow, typename RowSum>
 __device__ __forceinline__ void forward_row(
     const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ y,
     float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
     float* __restrict__ rstd_out, long long row, int D, float eps, int t, int G,
     bool active, LoadRow load_row, RowSum row_sum_of)
 {
-    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;  // vectors per thread
+    constexpr int VPT = E / VEC;  // vectors per thread
     const int nvec = D / VEC;
     T* yrow = y + row * D;
 
     // Step 1: the row into registers, one load per vector of VEC elements.
     // Thread t holds vectors t, t + G, t + 2G, ...: neighbouring threads read
     // neighbouring addresses (coalesced). Its partial sum, then the row's.
-    float xv[LN_ELEMS_PER_THREAD];
+    float xv[E];
     float sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
@@ -147,8 +149,12 @@ LN_VARIANTS(LN_FORWARD_KERNEL)
 // latency than the backward's one); a thread reads back only what its own
 // copies wrote, so no barrier is needed. Rows of scalars are
 // read from global memory. The arithmetic of a row is forward_row's, so the
-// bits are v4's forward's.
-template <typename T, int VEC, bool PER_BLOCK>
+// bits are v4's forward's. With E = LN_LONG_ELEMS_PER_THREAD, the same for
+// rows longer than LN_ELEMS_PER_THREAD elements a thread hold (one group of
+// LN_MAX_ROW_THREADS threads a block): the row still fits in registers, as
+// the forward keeps nothing else there, and is read from DRAM once, where
+// v4's long-row forward reads it four times.
+template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD>
 __device__ __forceinline__ void layernorm_forward_grouped(
     const T* __restrict__ x, const T* __restrict__ gamma,
     const T* __restrict__ beta, T* __restrict__ y,
@@ -156,7 +162,7 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     float* __restrict__ rstd_out, int rows, int D, float eps,
     int rows_per_group, int group_threads)
 {
-    constexpr int VPT = LN_ELEMS_PER_THREAD / VEC;
+    constexpr int VPT = E / VEC;
     constexpr bool STAGED = VEC * sizeof(T) == 16;
     constexpr int S = LN_FWD_ROWS_IN_FLIGHT;
     const int G = group_threads, P = blockDim.x / G;
@@ -180,9 +186,9 @@ __device__ __forceinline__ void layernorm_forward_grouped(
                               x + row * D + v * VEC);
         }
     };
-    strip_rows<STAGED, S>(first, last, rows_per_group, prefetch,
+    strip_rows<STAGED, S>(first, last, rows_per_group, P, prefetch,
                           [&](int buffer, long long row, bool active) {
-        forward_row<T, VEC, true>(
+        forward_row<T, VEC, true, E>(
             gamma, beta, y, mean_hi_out, mean_lo_out, rstd_out, row, D, eps,
             t, G, active,
             [&](int i, int v, float* xv) {
@@ -217,3 +223,25 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     }
 
 LN_VARIANTS(LN_FORWARD_GROUPED_KERNEL)
+
+// v5 for rows longer than registers hold at LN_ELEMS_PER_THREAD elements a
+// thread, up to LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: one name per
+// long variant, ln_fwd_grouped_long_<suffix>, launched as the others
+// (LN_FWD_ROWS_IN_FLIGHT * 16 * (LN_LONG_ELEMS_PER_THREAD / VEC) bytes of
+// dynamic shared memory per thread for 16-byte vectors).
+#define LN_FORWARD_GROUPED_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)          \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+    ln_fwd_grouped_##SUFFIX(const T* __restrict__ x,                         \
+                            const T* __restrict__ gamma,                     \
+                            const T* __restrict__ beta, T* __restrict__ y,   \
+                            float* __restrict__ mean_hi,                     \
+                            float* __restrict__ mean_lo,                     \
+                            float* __restrict__ rstd, int rows, int D,       \
+                            float eps, int rows_per_group,                   \
+                            int group_threads) {                             \
+        layernorm_forward_grouped<T, VEC, true, LN_LONG_ELEMS_PER_THREAD>(   \
+            x, gamma, beta, y, mean_hi, mean_lo, rstd, rows, D, eps,         \
+            rows_per_group, group_threads);                                  \
+    }
+
+LN_LONG_VECTOR_VARIANTS(LN_FORWARD_GROUPED_LONG_KERNEL)

@@ -225,13 +225,6 @@ __device__ __forceinline__ void layernorm_backward_long(
     }
 }
 
-// The variants of the long-row kernels: a block per row, never a warp.
-#define LN_LONG_VARIANTS(K)                            \
-    K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
-    K(long_f32_v1, float, 1, LN_BLOCK_THREADS)         \
-    K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)     \
-    K(long_f16_v1, half_bits, 1, LN_BLOCK_THREADS)
-
 // ln_fwd_long_<suffix> and ln_bwd_long_<suffix>: the arguments of the
 // register kernels, so one launch path serves both.
 #define LN_FORWARD_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)                  \

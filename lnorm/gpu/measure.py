@@ -48,7 +48,7 @@ import numpy as np
 
 from ..cost import traffic
 from . import check, emulate
-from .kernels import KERNEL_FILES, REGISTER_FILES, compile_ptx, max_D, plan, source
+from .kernels import KERNEL_FILES, REGISTER_FILES, compile_ptx, plan, rungs_for, source
 from .ptx import entries
 
 __all__ = [
@@ -92,9 +92,10 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
         One entry per shape and dtype: ``rows``, ``D``, ``dtype``, the bytes
         each direction moves, and either the plan (``kernel_forward``,
         ``kernel_backward``, ``block``, grids, ``row_groups``,
-        ``rows_per_group``, ``partials_bytes``, and for rows held in
-        registers ``rungs``: the backward of v3 and v5, with v5's
-        ``backward_shared_bytes``) or ``unsupported``
+        ``rows_per_group``, ``partials_bytes``, and where other rungs take
+        the shape (:func:`lnorm.gpu.kernels.rungs_for`) ``rungs``: the
+        launches of v3 and v5, with v5's ``backward_shared_bytes``) or
+        ``unsupported``
         (the message of :func:`lnorm.gpu.kernels.plan`).
 
     See Also
@@ -108,8 +109,9 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
     ...     print(e["dtype"], e["kernel_forward"], e["block"], e["bytes_forward"])
     float32 ln_fwd_block_f32_v4 64 50403328
     float16 ln_fwd_block_f16_v8 64 25234432
-    >>> plan_launches(((8192, 12288),), ("float32",))[0]["kernel_backward"]
-    'ln_bwd_long_f32_v4'
+    >>> e = plan_launches(((8192, 12288),), ("float32",))[0]
+    >>> e["kernel_backward"], list(e["rungs"]), e["rungs"]["v5"]["kernel_backward"]
+    ('ln_bwd_long_f32_v4', ['v5'], 'ln_bwd_grouped_long_f32_v4')
     >>> v5 = plan_launches(((8192, 4096),), ("float16",))[0]["rungs"]["v5"]
     >>> v5["kernel_backward"], v5["backward_block"], v5["partials_bytes"]
     ('ln_bwd_grouped_block_f16_v8', 512, 8388608)
@@ -135,9 +137,10 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
                              backward_grid=p.backward_grid, row_groups=p.row_groups,
                              rows_per_group=p.rows_per_group,
                              partials_bytes=p.partials_bytes)
-                if p.chunks == 1:  # the other rungs' backward
+                others = [r for r in rungs_for(D, dtype) if r != "v4"]
+                if others:  # the other rungs' launches
                     entry["rungs"] = {}
-                    for rung in ("v3", "v5"):
+                    for rung in others:
                         q = plan(rows, D, dtype, rung)
                         entry["rungs"][rung] = {
                             "kernel_forward": q.kernel("forward"),
@@ -462,8 +465,10 @@ def bit_checks(fused) -> list[dict]:
             diff = differing(inp, "v4")
             out.append({"rows": rows, "D": D, "dtype": dtype, "bytes_differing": diff,
                         "equal": all(v == 0 for v in diff.values())})
-            if D <= max_D():  # v3: dx bit for bit, dgamma and dbeta to a bound
+            rungs = rungs_for(D, dtype)
+            if "v3" in rungs:  # v3: dx bit for bit, dgamma and dbeta to a bound
                 out[-1]["v3"] = check.atomic_check(fused.backward, inp)
+            if "v5" in rungs:
                 out[-1]["v5_equal"] = not any(differing(inp, "v5").values())
     return out
 
@@ -533,7 +538,8 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
     ``"v3"``: the backward with atomics, up to ``max_D()``, whose forward is
     v4's and is not timed again; ``"v5"``: the forward and the backward of
     strips of rows with the next rows prefetched and a block's row groups
-    adding their column sums first, up to ``max_D()``), each with L2
+    adding their column sums first, where :func:`lnorm.gpu.kernels.rungs_for`
+    has it), each with L2
     flushed before every call
     when the op moves fewer than :data:`lnorm.gpu.measure.L2_FLUSH_BELOW`
     bytes.
@@ -579,9 +585,11 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         todo = {"v1": (unfused_forward, unfused_backward)}
         if "unsupported" not in entry:
             todo["v4"] = (fused.forward, fused.backward)
-            if D <= max_D():  # v3: its own backward, v4's forward; v5: both
+            rungs_here = rungs_for(D, dtype)
+            if "v3" in rungs_here:  # its own backward, v4's forward
                 todo["v3"] = (fused.forward,
                               functools.partial(fused.backward, rung="v3"))
+            if "v5" in rungs_here:  # both
                 todo["v5"] = (functools.partial(fused.forward, rung="v5"),
                               functools.partial(fused.backward, rung="v5"))
         for rung, (fwd, bwd) in todo.items():
@@ -706,10 +714,10 @@ def launch_only(fused) -> int:
             inp = check.make_inputs(rows, D, dtype, seed=1)
             out = check.forward_backward(fused.forward, fused.backward, inp)
             n += 1
-            if D <= max_D():
-                stats = (out[k] for k in ("mean_hi", "mean_lo", "rstd"))
-                args = (inp["dy"], inp["x"], inp["gamma"], *stats)
-                for rung in ("v3", "v5"):
+            stats = (out[k] for k in ("mean_hi", "mean_lo", "rstd"))
+            args = (inp["dy"], inp["x"], inp["gamma"], *stats)
+            for rung in rungs_for(D, dtype):
+                if rung != "v4":
                     fused.backward(*args, rung=rung)
     cp.cuda.get_current_stream().synchronize()
     return n

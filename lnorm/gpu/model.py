@@ -35,7 +35,11 @@ they are DRAM traffic. The backward reads a strip's ``x`` and ``dy`` twice,
 the second time after the whole strip (megabytes): always DRAM traffic.
 Each chunk of each pass exposes a latency. For these rows the model is
 optimistic: it charges nothing for L2 traffic, and one latency per chunk
-although a thread does not keep a whole chunk of loads in flight.
+although a thread does not keep a whole chunk of loads in flight. v5's
+kernels for these rows (up to ``max_D("v5")``) read a row from DRAM once,
+into shared memory ahead of use, and the model counts them as the others of
+v5; it charges nothing for the backward's second read of the row from
+shared memory.
 
 Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
 chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
@@ -139,9 +143,11 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
 #: ``"fwd_long"``, ``"bwd_long"``: those of longer rows; ``"bwd_atomic"``,
 #: ``"bwd_grouped"``: the backward of v3 and of v5; ``"fwd_grouped"``: the
-#: forward of v5.
+#: forward of v5; ``"fwd_grouped_long"``, ``"bwd_grouped_long"``: v5's for
+#: rows longer than ``max_D()``.
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
-             "bwd_atomic": 109, "bwd_grouped": 119, "fwd_grouped": 56}
+             "bwd_atomic": 109, "bwd_grouped": 122, "fwd_grouped": 59,
+             "fwd_grouped_long": 79, "bwd_grouped_long": 120}
 
 #: Static shared memory (bytes per block) of v5's backward, as ``ptxas -v``
 #: reports it: the hand-over of the column sums, sized for the largest group
@@ -406,7 +412,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     extra = p.partials_bytes if direction == "backward" else 0
     prefetch = (p.forward_shared_bytes if direction == "forward"
                 else p.backward_shared_bytes)
-    mapping = "block" if p.per_block else "warp"
+    mapping = "long" if p.chunks > 1 else "block" if p.per_block else "warp"
     shared = STATIC_SHARED.get(f"{short}_{mapping}", 0) + prefetch
     if rows_in_flight is None:
         rows_in_flight = p.rows_in_flight(direction)
@@ -419,14 +425,15 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
     latency = device.latency
     past_l2 = 0  # bytes of re-reads that L2 does not hold
-    if p.chunks > 1 and direction == "forward":  # four passes over each row
+    rereads = p.chunks > 1 and rung != "v5"  # v5 reads a long row from DRAM once
+    if rereads and direction == "forward":  # four passes over each row
         row_bytes = D * itemsize
         # x and y rows of the blocks in flight, and gamma and beta
         in_l2 = (2 * concurrent + 2) * row_bytes <= device.l2_bytes
         past_l2 = 0 if in_l2 else rows * 3 * row_bytes
         latency = p.chunks * (latency + 3 * (device.l2_latency if in_l2
                                              else device.latency))
-    elif p.chunks > 1:  # the backward: x and dy of a whole strip, twice
+    elif rereads:  # the backward: x and dy of a whole strip, twice
         past_l2 = rows * 2 * D * itemsize
         latency = 2 * p.chunks * latency
     extra += past_l2

@@ -244,8 +244,8 @@ class FusedLayerNorm:
         mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
             As :meth:`lnorm.gpu.run.FusedLayerNorm.forward` returns them.
         rung : {"v4", "v3", "v5"}, default "v4"
-            The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`; v3 and v5
-            for rows up to :func:`lnorm.gpu.kernels.max_D`). v3's ``dx`` has
+            The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`; which take
+            which rows: :func:`lnorm.gpu.kernels.rungs_for`). v3's ``dx`` has
             v4's bits, its ``dgamma`` and ``dbeta`` may differ in their last
             bits from run to run; v5's equal :mod:`lnorm.gpu.emulate`'s.
 
