@@ -44,10 +44,15 @@ SHAPES = (
 )
 #: The last, a long row whose second chunk is almost empty (8 elements).
 SANITIZED_SHAPES = ((18, 7), (5, 512), (3, 513), (2, 1027), (2, 8200))
-#: v5 at that long row in float32 only: its second stage has 257 blocks of
-#: 1024 threads there, half a minute under ThreadSanitizer per dtype, and its
-#: float16 kernels are the same templates.
-SANITIZED_SKIP = ((8200, "float16", "v5"),)
+#: v5 at that long row: its second stage has 257 blocks of 1024 threads
+#: there, a quarter of a minute under ThreadSanitizer per dtype. Under ASan
+#: in float32 only (its float16 kernels are the same templates); not under
+#: TSan, whose races it would find in the code v5's register kernels share
+#: with it (the row loop, the prefetch, the row sums), sanitized above.
+SANITIZED_SKIP = {
+    "asan": ((8200, "float16", "v5"),),
+    "tsan": ((8200, "float32", "v5"), (8200, "float16", "v5")),
+}
 DIRTY = ("ERROR: AddressSanitizer", "runtime error", "WARNING: ThreadSanitizer")
 
 
@@ -304,7 +309,7 @@ def modified_copy(tmp_path, filename: str, edit) -> str:
 @pytest.mark.parametrize("kind", ["asan", "tsan"])
 def test_sanitizers_find_nothing(host, kind):
     flags = cpu.SANITIZE[kind]
-    rc, out = run(selftest(SANITIZED_SHAPES, flags, skip=SANITIZED_SKIP), flags)
+    rc, out = run(selftest(SANITIZED_SHAPES, flags, skip=SANITIZED_SKIP[kind]), flags)
     assert rc == 0 and out.count("selftest passed") == 2 * len(SANITIZED_SHAPES), (
         out[-4000:])
     assert not [d for d in DIRTY if d in out], out[-4000:]

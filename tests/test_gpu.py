@@ -1221,6 +1221,32 @@ def test_v5_meets_the_partials_budget_and_the_model_prefers_it():
             assert v5.time < v4.time, (D, dtype)
 
 
+@pytest.mark.parametrize("rows, D", [(8192, 1024), (8192, 4096), (16384, 2048),
+                                     (65536, 768), (8192, 12288), (10**6, 64)])
+def test_v5_strips_double_while_blocks_remain(rows, D):
+    """Past the partials budget, v5's strip doubles while the launch keeps
+    MIN_THREADS threads, no further; by the model the longer strip is at
+    least as fast as half of it."""
+    for dtype in ("float32", "float16"):
+        p = kernels.plan(rows, D, dtype, "v5")
+        v5 = model.predict("backward", rows, D, dtype, rung="v5")
+        assert p.partials_bytes <= kernels.PARTIALS_BUDGET * v5.bytes
+        budget_strip = max(kernels.MIN_ROWS_PER_GROUP,
+                           -(-rows // kernels.MAX_ROW_GROUPS))
+        while 16 / (p.groups_per_block * budget_strip) > (
+                kernels.PARTIALS_BUDGET * 3 * np.dtype(dtype).itemsize):
+            budget_strip *= 2
+        block = p.backward_block or p.block
+        if p.rows_per_group > budget_strip:  # doubled for fewer blocks
+            assert p.backward_grid * block >= kernels.MIN_THREADS, (D, dtype)
+            half = model.predict("backward", rows, D, dtype, rung="v5",
+                                 rows_per_group=p.rows_per_group // 2)
+            assert v5.time <= half.time * 1.001, (D, dtype)
+        # one more doubling would leave fewer than MIN_THREADS threads
+        more = -(-rows // (2 * p.rows_per_group * p.groups_per_block))
+        assert more * block < kernels.MIN_THREADS, (D, dtype)
+
+
 def test_emulated_v5_adds_the_groups_of_a_block_in_order():
     p = kernels.plan(80, 64, "float32", "v5")  # 5 strips, 4 warps a block
     part = np.array([[1.0], [2.0**24], [1.0], [1.0], [3.0]], np.float32)

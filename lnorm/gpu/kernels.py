@@ -39,6 +39,7 @@ __all__ = [
     "BACKWARD_KERNELS",
     "FORWARD_KERNELS",
     "PARTIALS_BUDGET",
+    "MIN_THREADS",
     "constants",
     "source",
     "kernel_params",
@@ -92,8 +93,16 @@ MAX_ROW_GROUPS = 4096
 #: is the same kernel; v5's takes v5's strips and prefetch (the same bits).
 RUNGS = ("v3", "v4", "v5")
 #: v5 — its strips are the shortest (16 rows, doubled) whose partial sums
-#: stay within this fraction of the bytes the backward must move.
+#: stay within this fraction of the bytes the backward must move...
 PARTIALS_BUDGET = 0.05
+#: ... and are doubled further while the launch keeps at least this many
+#: threads: each strip pays a latency to fill its prefetch pipeline and a
+#: partial row to write, so fewer, longer strips are cheaper as long as there
+#: are threads enough for a large GPU (128 blocks of 512 threads: one wave on
+#: an H100's 132 SMs, which hold one such block each). A constant, not the
+#: device's SM count: the plan, and so every bit of the result, stays the
+#: same on every GPU.
+MIN_THREADS = 128 * 512
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 #: The name of each rung's backward kernels, ``ln_<name>_{warp|block}_...``;
@@ -928,7 +937,9 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     ``LN_WARPS_PER_BLOCK`` (rows held by a warp), and doubles the strip from
     16 rows until the partial sums, one row per block, are at most
     :data:`lnorm.gpu.kernels.PARTIALS_BUDGET` of the bytes the backward must
-    move (``x`` and ``dy`` read, ``dx`` written). v3 has v4's strips. For
+    move (``x`` and ``dy`` read, ``dx`` written), then further while the
+    launch keeps at least :data:`lnorm.gpu.kernels.MIN_THREADS` threads. v3
+    has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
     rows of 16-byte vectors up to ``max_D("v5")``.
@@ -983,7 +994,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     (512, 32, 128, 128)
     >>> p = plan(8192, 12288, "float32", rung="v5")  # past registers: one group a block
     >>> p.kernel("backward"), p.backward_block, p.rows_per_group, p.backward_grid
-    ('ln_bwd_grouped_long_f32_v4', 512, 32, 256)
+    ('ln_bwd_grouped_long_f32_v4', 512, 64, 128)
     """
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {RUNGS}; got {rung!r}.")
@@ -1045,6 +1056,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         # 16 bytes per column per partial row, against 3 * itemsize per element
         while 16 / (groups_per_block * rows_per_group) > (
                 PARTIALS_BUDGET * 3 * dtype.itemsize):
+            rows_per_group *= 2
+        block = groups_per_block * threads
+        while (math.ceil(rows / (2 * rows_per_group * groups_per_block)) * block
+               >= MIN_THREADS):
             rows_per_group *= 2
     row_groups = math.ceil(rows / rows_per_group)
     backward_grid = math.ceil(row_groups / groups_per_block)

@@ -395,7 +395,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
     if rows_per_group is not None:
-        if p.chunks > 1 or rows_per_group < 1:
+        if (p.chunks > 1 and rung != "v5") or rows_per_group < 1:
             raise ValueError(
                 "rows_per_group must be a positive int, for the backward of rows "
                 f"up to max_D(); got {rows_per_group!r} (D = {D})."
