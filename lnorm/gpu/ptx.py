@@ -22,6 +22,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import re
 import subprocess
@@ -614,11 +615,18 @@ def ptxas_usage(ptx: str, arch: str = "sm_90") -> dict[str, PtxasUsage]:
         raise RuntimeError(
             "ptxas not found: install nvidia-cuda-nvcc-cu12 (see requirements.txt)."
         )
+    return dict(_ptxas_usage(str(exe), ptx, arch))
+
+
+@functools.cache
+def _ptxas_usage(exe: str, ptx: str, arch: str) -> dict[str, PtxasUsage]:
+    # Cached on the PTX text: a run takes seconds, and the tests, the book
+    # and inspect_kernels ask for the same modules; the caller gets a copy.
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernels.ptx"
         src.write_text(ptx)
         proc = subprocess.run(
-            [str(exe), f"-arch={arch}", "-v", str(src), "-o",
+            [exe, f"-arch={arch}", "-v", str(src), "-o",
              str(Path(tmp) / "kernels.cubin")],
             capture_output=True,
             text=True,
