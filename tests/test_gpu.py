@@ -1036,7 +1036,10 @@ def _fake_cupy(launches, ptx_types):
     cuda.is_available = lambda: True
     cuda.Device = lambda: types.SimpleNamespace(id=0, compute_capability="80")
     cuda.runtime = types.SimpleNamespace(
-        getDeviceProperties=lambda i: {"name": b"stand-in"}
+        getDeviceProperties=lambda i: {"name": b"stand-in"},
+        cudaDevAttrMaxSharedMemoryPerBlockOptin=97,
+        # an A100's opt-in limit, 163 KiB
+        deviceGetAttribute=lambda attr, i: {97: 163 * 1024}[attr],
     )
     cp = types.ModuleType("cupy")
     cp.cuda = cuda
@@ -1165,6 +1168,17 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert fnamed["rows_per_group"] == named["rows_per_group"]
         assert fnamed["group_threads"] == named["group_threads"]
         assert fused._functions[fname].shared == [p5.forward_shared_bytes]
+
+    # The stand-in is an A100 (163 KiB of shared memory a block at most): v5's
+    # float32 backward at 12288 (192 KiB of prefetch buffers) is refused with
+    # a message, not launched; its forward (144 KiB) and v4 run.
+    inp = check.make_inputs(4, 12288, np.float32, seed=1)
+    y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"], rung="v5")
+    launches.clear()
+    with pytest.raises(RuntimeError, match=r"196608 bytes of shared memory.*rung='v4'"):
+        fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, rung="v5")
+    assert launches == []
+    fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
 
 
 # --- the time model ------------------------------------------------------------------

@@ -137,7 +137,12 @@ class FusedLayerNorm:
     def __init__(self) -> None:
         cp = _require_gpu()
         self._cp = cp
-        cc = int(cp.cuda.Device().compute_capability)
+        device = cp.cuda.Device()
+        cc = int(device.compute_capability)
+        # The most shared memory a block may opt in to: 227 KiB on an H100,
+        # 163 KiB on an A100 (v5's prefetch buffers take up to 192 KiB).
+        self._shared_limit = cp.cuda.runtime.deviceGetAttribute(
+            cp.cuda.runtime.cudaDevAttrMaxSharedMemoryPerBlockOptin, device.id)
         self._functions = {}
         with tempfile.TemporaryDirectory() as tmp:
             for filename in KERNEL_FILES:
@@ -190,6 +195,10 @@ class FusedLayerNorm:
         ------
         ValueError, TypeError
             Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
+        RuntimeError
+            A v5 launch whose prefetch buffers need more shared memory per
+            block than the device allows (on an A100, the float32 backward
+            of rows past ``max_D()``).
 
         See Also
         --------
@@ -221,6 +230,13 @@ class FusedLayerNorm:
 
     def _launch(self, name: str, grid, block, args, shared: int) -> None:
         kernel = self._functions[name]
+        needed = shared + getattr(kernel, "shared_size_bytes", 0)  # + static
+        if needed > self._shared_limit:
+            raise RuntimeError(
+                f"{name} needs {needed} bytes of shared memory per block (its "
+                f"prefetch buffers), more than this GPU allows ({self._shared_limit}); "
+                "rung='v4' takes this shape without them."
+            )
         if shared > kernel.max_dynamic_shared_size_bytes:  # above 48 KiB: opt in
             kernel.max_dynamic_shared_size_bytes = shared
         kernel(grid, block, args, shared_mem=shared)
@@ -260,6 +276,10 @@ class FusedLayerNorm:
         ------
         ValueError, TypeError
             Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
+        RuntimeError
+            A v5 launch whose prefetch buffers need more shared memory per
+            block than the device allows (on an A100, the float32 backward
+            of rows past ``max_D()``).
 
         See Also
         --------
