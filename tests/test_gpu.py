@@ -1179,6 +1179,9 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd, rung="v5")
     assert launches == []
     fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
+    assert not fused.takes(4, 12288, "float32", "v5")
+    assert fused.takes(4, 12288, "float16", "v5") and fused.takes(4, 12288, "float32")
+    assert not fused.takes(4, 12288, "float32", "v3")  # the plan refuses it
 
 
 # --- the time model ------------------------------------------------------------------

@@ -465,7 +465,7 @@ def bit_checks(fused) -> list[dict]:
             diff = differing(inp, "v4")
             out.append({"rows": rows, "D": D, "dtype": dtype, "bytes_differing": diff,
                         "equal": all(v == 0 for v in diff.values())})
-            rungs = rungs_for(D, dtype)
+            rungs = [r for r in rungs_for(D, dtype) if fused.takes(rows, D, dtype, r)]
             if "v3" in rungs:  # v3: dx bit for bit, dgamma and dbeta to a bound
                 out[-1]["v3"] = check.atomic_check(fused.backward, inp)
             if "v5" in rungs:
@@ -585,7 +585,8 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         todo = {"v1": (unfused_forward, unfused_backward)}
         if "unsupported" not in entry:
             todo["v4"] = (fused.forward, fused.backward)
-            rungs_here = rungs_for(D, dtype)
+            rungs_here = [r for r in rungs_for(D, dtype)
+                          if fused.takes(rows, D, dtype, r)]
             if "v3" in rungs_here:  # its own backward, v4's forward
                 todo["v3"] = (fused.forward,
                               functools.partial(fused.backward, rung="v3"))
@@ -717,7 +718,7 @@ def launch_only(fused) -> int:
             stats = (out[k] for k in ("mean_hi", "mean_lo", "rstd"))
             args = (inp["dy"], inp["x"], inp["gamma"], *stats)
             for rung in rungs_for(D, dtype):
-                if rung != "v4":
+                if rung != "v4" and fused.takes(rows, D, dtype, rung):
                     fused.backward(*args, rung=rung)
     cp.cuda.get_current_stream().synchronize()
     return n

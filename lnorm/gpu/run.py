@@ -39,6 +39,7 @@ from .kernels import (
     check_forward_args,
     compile_binary,
     kernel_params,
+    plan,
 )
 
 __all__ = [
@@ -228,9 +229,49 @@ class FusedLayerNorm:
                          p.forward_shared_bytes)
         return y, hi, lo, rstd
 
+    def takes(self, rows: int, D: int, dtype, rung: str = "v4") -> bool:
+        r"""Say whether this device can launch a rung's kernels at a shape.
+
+        The plan takes the shape (:func:`lnorm.gpu.kernels.rungs_for`), and
+        the device gives each kernel the shared memory it needs: v5's
+        prefetch buffers may need more than a GPU allows (on an A100, the
+        float32 backward of rows past ``max_D()``).
+
+        Parameters
+        ----------
+        rows, D : int
+            The shape.
+        dtype : dtype-like
+            float32 or float16.
+        rung : {"v4", "v3", "v5"}, default "v4"
+            The kernels.
+
+        Returns
+        -------
+        bool
+            Whether :meth:`forward` and :meth:`backward` launch there.
+
+        Examples
+        --------
+        >>> if available()[0]:  # v4 takes every shape, on every GPU
+        ...     assert FusedLayerNorm().takes(8192, 65536, "float32")
+        """
+        try:
+            p = plan(rows, D, dtype, rung)
+        except ValueError:
+            return False
+        launches = (("forward", p.forward_shared_bytes),
+                    ("backward", p.backward_shared_bytes))
+        return all(self._shared_needed(p.kernel(d), shared) <= self._shared_limit
+                   for d, shared in launches)
+
+    def _shared_needed(self, name: str, shared: int) -> int:
+        """Dynamic plus static shared memory of one launch, in bytes."""
+        return shared + getattr(self._functions[name], "shared_size_bytes", 0)
+
     def _launch(self, name: str, grid, block, args, shared: int) -> None:
         kernel = self._functions[name]
-        needed = shared + getattr(kernel, "shared_size_bytes", 0)  # + static
+        needed = self._shared_needed(name, shared)
         if needed > self._shared_limit:
             raise RuntimeError(
                 f"{name} needs {needed} bytes of shared memory per block (its "
