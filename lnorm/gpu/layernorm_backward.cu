@@ -185,6 +185,9 @@ LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 // rows_per_group rows together; a row past a group's strip is inactive.
 // Rows of 16-byte vectors are prefetched: the next row's x and dy are copied
 // into shared memory (cp.async) while the group works on this one.
+// Rows longer than registers hold with x and dy (up to
+// LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS, ln_bwd_grouped_long_*) are
+// read from that copy twice (backward_row's TWICE).
 //
 // The row step is v4's arithmetic, written once below for v5 alone: v4's
 // kernel keeps its own code, whose compiled form the H100 timed.

@@ -150,10 +150,10 @@ LN_VARIANTS(LN_FORWARD_KERNEL)
 // copies wrote, so no barrier is needed. Rows of scalars are
 // read from global memory. The arithmetic of a row is forward_row's, so the
 // bits are v4's forward's. With E = LN_LONG_ELEMS_PER_THREAD, the same for
-// rows longer than LN_ELEMS_PER_THREAD elements a thread hold (one group of
-// LN_MAX_ROW_THREADS threads a block): the row still fits in registers, as
-// the forward keeps nothing else there, and is read from DRAM once, where
-// v4's long-row forward reads it four times.
+// rows longer than a block holds at LN_ELEMS_PER_THREAD elements a thread
+// (one group of LN_MAX_ROW_THREADS threads a block): the row still fits in
+// registers, as the forward keeps nothing else there, and is read from DRAM
+// once, where v4's long-row forward reads it four times.
 template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD>
 __device__ __forceinline__ void layernorm_forward_grouped(
     const T* __restrict__ x, const T* __restrict__ gamma,
