@@ -54,6 +54,7 @@ Examples
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -338,12 +339,16 @@ def _page_aligned(nbytes: int) -> np.ndarray:
     return buf[start:start + nbytes].view(np.float64)
 
 
+@functools.cache
 def copy_arrays(min_bytes: int = 64 * MIB) -> tuple[np.ndarray, np.ndarray]:
     r"""Allocate the source and destination of the copy yardstick.
 
     Each is ``max(4 x last-level cache, min_bytes)`` long and starts on a
     4 KiB page boundary; the source is filled with ones. Four times the
     last-level cache is large enough that the copy measures main memory.
+    Cached: every call in a process returns the same two arrays, since
+    allocating and first touching them takes seconds where the last-level
+    cache is hundreds of MiB. Write into ``dst`` only.
 
     Parameters
     ----------
