@@ -231,9 +231,6 @@ class HostLayerNorm:
         :func:`lnorm.gpu.host.run_in_subprocess`).
     source_dir : path, optional
         Directory of the ``.cu`` files (default: the package's).
-    rungs : sequence of str, optional
-        Only these rungs (default: every rung that takes the shape,
-        :func:`lnorm.gpu.kernels.rungs_for`).
 
     Attributes
     ----------
@@ -586,9 +583,6 @@ def run_in_subprocess(code: str, flags=(), source_dir=None,
         Extra g++ flags of the library, e.g. ``SANITIZE["asan"]``.
     source_dir : path, optional
         Directory of the ``.cu`` files (default: the package's).
-    rungs : sequence of str, optional
-        Only these rungs (default: every rung that takes the shape,
-        :func:`lnorm.gpu.kernels.rungs_for`).
     timeout : float, default 600
         Seconds before the child is killed (and ``subprocess.TimeoutExpired``
         raised).

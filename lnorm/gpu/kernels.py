@@ -220,9 +220,9 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
 
     Kernels are written either directly (``extern "C" __global__ ...
     name(...)``) or, one per variant, by a macro ``#define M(SUFFIX, ...)``
-    declaring ``prefix##SUFFIX(...)`` and expanded by a list of variants,
-    ``LN_VARIANTS(M)``, ``LN_LONG_VARIANTS(M)`` or ``LN_LONG_VECTOR_VARIANTS(M)``;
-    all are read.
+    declaring ``prefix##SUFFIX(...)``, or forwarding to such a macro, and
+    expanded by a list of variants, ``LN_VARIANTS(M)``,
+    ``LN_LONG_VARIANTS(M)`` or ``LN_LONG_VECTOR_VARIANTS(M)``; all are read.
 
     Parameters
     ----------
@@ -263,13 +263,18 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
         name: re.findall(r"\bK\((\w+),", body)
         for name, body in re.findall(r"^#define (LN_\w*VARIANTS)\(K\)(.*)$", text, re.M)
     }
-    made = re.findall(
-        r"^#define\s+(\w+)\(SUFFIX[^)]*\).*?\b(\w+)##SUFFIX\s*\(([^)]*)\)", text, re.M
-    )
-    for macro, prefix, params in made:
-        for name, suffixes in lists.items():
-            if re.search(rf"^{name}\({macro}\)", text, re.M):
-                out.update({prefix + suffix: names(params) for suffix in suffixes})
+    made = {
+        macro: (prefix, params)
+        for macro, prefix, params in re.findall(
+            r"^#define\s+(\w+)\(SUFFIX[^)]*\).*?\b(\w+)##SUFFIX\s*\(([^)]*)\)",
+            text, re.M)
+    }
+    # A macro that only forwards to another one (fixing an argument of it).
+    forwards = dict(re.findall(
+        r"^#define\s+(\w+)\(SUFFIX[^)]*\)\s+(\w+)\(SUFFIX\b", text, re.M))
+    for name, macro in re.findall(r"^(LN_\w*VARIANTS)\((\w+)\)", text, re.M):
+        prefix, params = made[forwards.get(macro, macro)]
+        out.update({prefix + suffix: names(params) for suffix in lists[name]})
     direct = re.findall(
         r'^extern "C" __global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
         r"(\w+)\s*\(([^)]*)\)",

@@ -427,12 +427,12 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 }
 
 // v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
-// group_threads threads; the partial buffers have one row per block. The
-// variants of 16-byte vectors take LN_BWD_ROWS_IN_FLIGHT * 2 * 16 *
-// (LN_ELEMS_PER_THREAD / VEC) bytes of dynamic shared memory per thread (the
-// prefetch buffers; lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the
-// others none.
-#define LN_BACKWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)   \
+// group_threads threads; the partial buffers have one row per block. E row
+// elements a thread. The variants of 16-byte vectors take
+// LN_BWD_ROWS_IN_FLIGHT * 2 * 16 * (E / VEC) bytes of dynamic shared memory
+// per thread (the prefetch buffers;
+// lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the others none.
+#define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, E)\
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
     ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \
                             const T* __restrict__ x,                         \
@@ -445,35 +445,23 @@ __device__ __forceinline__ void layernorm_backward_grouped(
                             float* __restrict__ dbeta_part,                  \
                             int rows, int D, int rows_per_group,             \
                             int group_threads) {                             \
-        layernorm_backward_grouped<T, VEC, PER_BLOCK>(                       \
+        layernorm_backward_grouped<T, VEC, PER_BLOCK, E>(                    \
             dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,           \
             dbeta_part, rows, D, rows_per_group, group_threads);             \
     }
+
+#define LN_BACKWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)   \
+    LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS,     \
+                                 LN_ELEMS_PER_THREAD)
 
 LN_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
 
 // v5 for rows longer than registers hold with x and dy, up to
 // LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: ln_bwd_grouped_long_<suffix>,
-// one group of LN_MAX_ROW_THREADS threads a block, launched as the others
-// (LN_BWD_ROWS_IN_FLIGHT * 2 * 16 * (LN_LONG_ELEMS_PER_THREAD / VEC) bytes
-// of dynamic shared memory per thread for 16-byte vectors).
+// one group of LN_MAX_ROW_THREADS threads a block, launched as the others.
 #define LN_BACKWARD_GROUPED_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)         \
-    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
-    ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \
-                            const T* __restrict__ x,                         \
-                            const T* __restrict__ gamma,                     \
-                            const float* __restrict__ mean_hi,               \
-                            const float* __restrict__ mean_lo,               \
-                            const float* __restrict__ rstd,                  \
-                            T* __restrict__ dx,                              \
-                            float* __restrict__ dgamma_part,                 \
-                            float* __restrict__ dbeta_part,                  \
-                            int rows, int D, int rows_per_group,             \
-                            int group_threads) {                             \
-        layernorm_backward_grouped<T, VEC, true, LN_LONG_ELEMS_PER_THREAD>(  \
-            dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,           \
-            dbeta_part, rows, D, rows_per_group, group_threads);             \
-    }
+    LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, true, MAX_THREADS,          \
+                                 LN_LONG_ELEMS_PER_THREAD)
 
 LN_LONG_VECTOR_VARIANTS(LN_BACKWARD_GROUPED_LONG_KERNEL)
 

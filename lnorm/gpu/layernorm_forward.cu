@@ -203,11 +203,11 @@ __device__ __forceinline__ void layernorm_forward_grouped(
 }
 
 // v5: one per variant, named ln_fwd_grouped_<suffix>, launched as v5's
-// backward (lnorm.gpu.kernels.LaunchPlan.forward_launch). The variants of
-// 16-byte vectors take LN_FWD_ROWS_IN_FLIGHT * 16 * (LN_ELEMS_PER_THREAD /
-// VEC) bytes of dynamic shared memory per thread
+// backward (lnorm.gpu.kernels.LaunchPlan.forward_launch). E row elements a
+// thread. The variants of 16-byte vectors take LN_FWD_ROWS_IN_FLIGHT * 16 *
+// (E / VEC) bytes of dynamic shared memory per thread
 // (LaunchPlan.forward_shared_bytes).
-#define LN_FORWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)    \
+#define LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, E) \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
     ln_fwd_grouped_##SUFFIX(const T* __restrict__ x,                         \
                             const T* __restrict__ gamma,                     \
@@ -217,31 +217,22 @@ __device__ __forceinline__ void layernorm_forward_grouped(
                             float* __restrict__ rstd, int rows, int D,       \
                             float eps, int rows_per_group,                   \
                             int group_threads) {                             \
-        layernorm_forward_grouped<T, VEC, PER_BLOCK>(                        \
+        layernorm_forward_grouped<T, VEC, PER_BLOCK, E>(                     \
             x, gamma, beta, y, mean_hi, mean_lo, rstd, rows, D, eps,         \
             rows_per_group, group_threads);                                  \
     }
+
+#define LN_FORWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)    \
+    LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS,      \
+                                LN_ELEMS_PER_THREAD)
 
 LN_VARIANTS(LN_FORWARD_GROUPED_KERNEL)
 
-// v5 for rows longer than registers hold at LN_ELEMS_PER_THREAD elements a
+// v5 for rows longer than a block holds at LN_ELEMS_PER_THREAD elements a
 // thread, up to LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: one name per
-// long variant, ln_fwd_grouped_long_<suffix>, launched as the others
-// (LN_FWD_ROWS_IN_FLIGHT * 16 * (LN_LONG_ELEMS_PER_THREAD / VEC) bytes of
-// dynamic shared memory per thread for 16-byte vectors).
+// long variant, ln_fwd_grouped_long_<suffix>, launched as the others.
 #define LN_FORWARD_GROUPED_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)          \
-    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
-    ln_fwd_grouped_##SUFFIX(const T* __restrict__ x,                         \
-                            const T* __restrict__ gamma,                     \
-                            const T* __restrict__ beta, T* __restrict__ y,   \
-                            float* __restrict__ mean_hi,                     \
-                            float* __restrict__ mean_lo,                     \
-                            float* __restrict__ rstd, int rows, int D,       \
-                            float eps, int rows_per_group,                   \
-                            int group_threads) {                             \
-        layernorm_forward_grouped<T, VEC, true, LN_LONG_ELEMS_PER_THREAD>(   \
-            x, gamma, beta, y, mean_hi, mean_lo, rstd, rows, D, eps,         \
-            rows_per_group, group_threads);                                  \
-    }
+    LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, true, MAX_THREADS,           \
+                                LN_LONG_ELEMS_PER_THREAD)
 
 LN_LONG_VECTOR_VARIANTS(LN_FORWARD_GROUPED_LONG_KERNEL)

@@ -417,6 +417,11 @@ def copy_yardstick(cp, timer: _Timer) -> dict:
     return {"bytes": 2 * COPY_BYTES, **t, "bandwidth": 2 * COPY_BYTES / t["median_s"]}
 
 
+def _launchable(fused, rows: int, D: int, dtype) -> list[str]:
+    """The rungs the plan takes at this shape and this GPU can launch."""
+    return [r for r in rungs_for(D, dtype) if fused.takes(rows, D, dtype, r)]
+
+
 def bit_checks(fused) -> list[dict]:
     r"""Compare the kernels with the emulation at every checked shape, bit for bit.
 
@@ -465,7 +470,7 @@ def bit_checks(fused) -> list[dict]:
             diff = differing(inp, "v4")
             out.append({"rows": rows, "D": D, "dtype": dtype, "bytes_differing": diff,
                         "equal": all(v == 0 for v in diff.values())})
-            rungs = [r for r in rungs_for(D, dtype) if fused.takes(rows, D, dtype, r)]
+            rungs = _launchable(fused, rows, D, dtype)
             if "v3" in rungs:  # v3: dx bit for bit, dgamma and dbeta to a bound
                 out[-1]["v3"] = check.atomic_check(fused.backward, inp)
             if "v5" in rungs:
@@ -585,8 +590,7 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
         todo = {"v1": (unfused_forward, unfused_backward)}
         if "unsupported" not in entry:
             todo["v4"] = (fused.forward, fused.backward)
-            rungs_here = [r for r in rungs_for(D, dtype)
-                          if fused.takes(rows, D, dtype, r)]
+            rungs_here = _launchable(fused, rows, D, dtype)
             if "v3" in rungs_here:  # its own backward, v4's forward
                 todo["v3"] = (fused.forward,
                               functools.partial(fused.backward, rung="v3"))
@@ -717,8 +721,8 @@ def launch_only(fused) -> int:
             n += 1
             stats = (out[k] for k in ("mean_hi", "mean_lo", "rstd"))
             args = (inp["dy"], inp["x"], inp["gamma"], *stats)
-            for rung in rungs_for(D, dtype):
-                if rung != "v4" and fused.takes(rows, D, dtype, rung):
+            for rung in _launchable(fused, rows, D, dtype):
+                if rung != "v4":
                     fused.backward(*args, rung=rung)
     cp.cuda.get_current_stream().synchronize()
     return n
