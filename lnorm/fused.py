@@ -13,9 +13,7 @@ Per row of length ``D``:
 * forward: ``mean = sum(x) / D``, then ``var = sum((x - mean)**2) / D``
   over the row again (from cache), ``rstd = 1 / sqrt(var + eps)``, then
   ``xhat = (x - mean) * rstd`` and ``y = gamma * xhat + beta`` in one sweep
-  (from cache). The three sweeps are software-pipelined: one loop,
-  :data:`SPAN` elements at a time, sums one row, takes the squares of the
-  row before and writes the outputs of the row before that;
+  (from cache), one row after the other;
 * backward: ``sum(g)`` and ``sum(g * xhat)`` with ``g = gamma * dy`` in one
   sweep, which also adds ``dy * xhat`` and ``dy`` into the block's
   ``dgamma`` and ``dbeta``; then ``dx = rstd * (g - mean(g) - xhat *
@@ -23,10 +21,7 @@ Per row of length ``D``:
   at least :data:`GROUP_FROM_D` elements take the first sweep four rows at
   a time, a quarter of a chunk of rows apart, which loads and stores the
   ``dgamma``/``dbeta`` accumulators once per four rows instead of once per
-  row. The two sweeps are software-pipelined: one loop, :data:`SPAN`
-  elements at a time, takes the sums of a group (or row) and writes the
-  ``dx`` of the group before it. Either way main memory keeps delivering
-  new rows while the core computes and writes the old ones from cache.
+  row; the second sweep then writes the ``dx`` of the four rows.
 
 Same signatures, checks, errors, dtype policy and :class:`LayerNormCache`
 as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
@@ -56,17 +51,16 @@ conversions) start :data:`APART_BYTES` or more from the arrays they are
 streamed with, modulo 4 KiB, so that rows of 4 KiB do not send every stream
 to the same address bits at once (see ``empty_apart``).
 
-A large ``dx`` is written with non-temporal (streaming) stores: a plain
-store to memory that is not in cache first reads the line it writes
-(write-allocate), so a row written plainly moves twice its bytes; a
-streaming store writes the line without reading it. For outputs that fit
-in the last-level cache with the inputs plain stores are faster (the next
-reader finds them in cache), so streaming is used from :data:`STREAM_BYTES`
-of ``dx`` on, for rows long enough to go in groups. A span of a group's
-``dx`` is then computed into a buffer of four rows, in cache, and streamed
-out from there (a streaming store writes a whole 64-byte line at once). The forward
-writes its two outputs plainly: two streams of streaming stores ran at half
-the speed of plain stores on the machine the book is built on.
+Large outputs (``dx``; ``y`` and ``xhat``) are written with non-temporal
+(streaming) stores: a plain store to memory that is not in cache first
+reads the line it writes (write-allocate), so a row written plainly moves
+twice its bytes; a streaming store writes the line without reading it. For
+outputs that fit in the last-level cache with the inputs plain stores are
+faster (the next reader finds them in cache), so streaming is used from
+:data:`STREAM_BYTES` of output on, for rows of at least
+:data:`GROUP_FROM_D` elements. A span of output is then computed into a
+buffer in cache (in the backward, a buffer of four rows) and streamed out
+from there (a streaming store writes a whole 64-byte line at once).
 
 Both functions take ``out=``, arrays to write into instead of new ones
 (allocate them with :func:`empty_apart`). A new array of many megabytes is
@@ -152,7 +146,9 @@ BLOCK_ROWS = 256
 #: 10 % faster at (4096, 1024) than four neighbouring rows).
 GROUP_ROWS = 4
 
-#: The shortest row that the backward takes in groups of :data:`GROUP_ROWS`.
+#: The shortest row that the backward takes in groups of :data:`GROUP_ROWS`,
+#: and that the loops write with streaming stores (from :data:`STREAM_BYTES`):
+#: at D = 64 streaming rows one by one took twice as long as plain stores.
 GROUP_FROM_D = 768
 
 #: Fast-math flags of the row loops — reassociation lets LLVM split a row's
@@ -169,12 +165,13 @@ FASTMATH = {"reassoc", "contract"}
 #: ``g = dy * gamma``: a row of length one would get a nonzero ``dx``.
 FASTMATH_DX = False
 
-#: Elements per step of the pipelined sweeps: in the backward a span of the
-#: new group's sums, then the same span of the previous group's ``dx``; in
-#: the forward a span of three rows' three sweeps. Short enough that a
-#: step's spans stay in L1 (8 KiB of ``dy`` and ``xhat`` in float32 for a
-#: group of 4 rows), long enough for whole vector loops.
-SPAN = 256
+#: Elements per step of the backward's sweeps over a group of rows, and per
+#: buffer of streamed output. Short enough that a step's spans stay in L1
+#: (32 KiB of ``dy`` and ``xhat`` in float32 for a group of 4 rows), long
+#: enough for whole vector loops and few steps: at (4096, 1024) float32,
+#: 1024 took the backward from about 0.54 to 0.47 ns per element against 256
+#: on the 2-core AMD EPYC the book was built on on 2026-11-26.
+SPAN = 1024
 
 #: Rows per chunk of the backward. The loop runs chunk by chunk, and each
 #: chunk fills ``dgamma``/``dbeta`` blocks of its own (its rows grouped as if
@@ -206,11 +203,12 @@ def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
     return max(sizes, default=default)
 
 
-#: Bytes of ``dx`` from which the backward writes it with streaming stores:
-#: half the last-level cache. With ``dy`` and ``xhat`` the call then moves at
-#: least one and a half times the cache, so the rows of ``dx`` written first
-#: are evicted by the rows read after them before anyone reads them back;
-#: a smaller ``dx`` is better left in cache for its next reader.
+#: Bytes of an output (``dx``, or ``y``) from which the loops write with
+#: streaming stores: half the last-level cache. With the arrays it is
+#: streamed with the call then moves at least one and a half times the
+#: cache, so the rows written first are evicted by the rows read after them
+#: before anyone reads them back; a smaller output is better left in cache
+#: for its next reader.
 STREAM_BYTES = _last_level_cache_bytes() // 2
 
 
@@ -293,7 +291,7 @@ def _store_row(dst, buf, address):
 # --- the row loops ----------------------------------------------------------------
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _span_sum(x):
+def _row_sum(x):
     """sum(x) in float64."""
     total = 0.0
     for j in range(x.shape[0]):
@@ -302,7 +300,7 @@ def _span_sum(x):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _span_squares(x, mean):
+def _row_squares(x, mean):
     """sum((x - mean)**2) in float64."""
     sq = 0.0
     for j in range(x.shape[0]):
@@ -312,7 +310,7 @@ def _span_squares(x, mean):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
-def _normalize_span(x, gamma, beta, mean, rstd, y, xhat):
+def _normalize_row(x, gamma, beta, mean, rstd, y, xhat):
     """xhat = (x - mean) * rstd and y = gamma * xhat + beta."""
     for j in range(x.shape[0]):
         h = (np.float64(x[j]) - mean) * rstd
@@ -329,36 +327,39 @@ def _is_constant(x):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _forward_rows(x, gamma, beta, eps, y, xhat, rstd):
-    """y, xhat and rstd row by row, in one sweep over three rows at a time.
+def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
+                  xhat_address):
+    """y, xhat and rstd row by row: three sweeps over each row, the first
+    from memory, the other two from cache.
 
-    Step ``r`` takes, :data:`SPAN` elements at a time, the sum of row ``r``
-    (from memory), the squares of row ``r - 1`` about its mean and the
-    outputs of row ``r - 2`` (both from cache): the reads of new rows run
-    while the core computes and writes the old ones.
+    With ``stream``, the outputs of a span of :data:`SPAN` elements are
+    computed into buffers in cache and streamed out from there.
     """
     rows, D = x.shape
-    mean1 = mean2 = 0.0  # the means of rows r - 1 and r - 2
-    for r in range(rows + 2):
-        total = sq = 0.0
+    size = y.itemsize
+    held_y = np.empty(SPAN, dtype=y.dtype)
+    held_xhat = np.empty(SPAN, dtype=y.dtype)
+    for r in range(rows):
+        mean = _row_sum(x[r]) / D
+        sq = _row_squares(x[r], mean)
+        if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x[r]):
+            # The rounded mean of a constant row can miss its value by an
+            # ulp; take the value itself, so that xhat = 0 and y = beta.
+            mean = np.float64(x[r, 0])
+            sq = 0.0
+        rstd[r] = 1.0 / np.sqrt(sq / D + eps)
+        if not stream:
+            _normalize_row(x[r], gamma, beta, mean, rstd[r], y[r], xhat[r])
+            continue
         for a in range(0, D, SPAN):
             e = min(a + SPAN, D)
-            if r < rows:
-                total += _span_sum(x[r, a:e])
-            if 1 <= r <= rows:
-                sq += _span_squares(x[r - 1, a:e], mean1)
-            if r >= 2:
-                _normalize_span(x[r - 2, a:e], gamma[a:e], beta[a:e], mean2,
-                                rstd[r - 2], y[r - 2, a:e], xhat[r - 2, a:e])
-        if 1 <= r <= rows:
-            if sq <= D * (1e-15 * mean1) ** 2 and _is_constant(x[r - 1]):
-                # The rounded mean of a constant row can miss its value by an
-                # ulp; take the value itself, so that xhat = 0 and y = beta.
-                mean1 = np.float64(x[r - 1, 0])
-                sq = 0.0
-            rstd[r - 1] = 1.0 / np.sqrt(sq / D + eps)
-        mean2 = mean1
-        mean1 = total / D if r < rows else 0.0
+            _normalize_row(x[r, a:e], gamma[a:e], beta[a:e], mean, rstd[r],
+                           held_y[:e - a], held_xhat[:e - a])
+            offset = (r * D + a) * size
+            _store_row(y[r, a:e], held_y[:e - a], y_address + offset)
+            _store_row(xhat[r, a:e], held_xhat[:e - a], xhat_address + offset)
+    if stream:
+        _sfence()
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
@@ -437,18 +438,15 @@ def _grouping(rows, D):
 def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
     """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b``.
 
-    One sweep, :data:`SPAN` elements at a time, takes the sums of one group
-    of rows (or one row) and writes the ``dx`` of the group (row) before it,
-    whose sums it finished in the sweep before: the reads of the new rows run
-    while the core computes and writes the old ones, which are still in
-    cache.
+    A group of rows (or one row) at a time: a first sweep, :data:`SPAN`
+    elements at a time, takes its sums (from memory), and a second writes
+    its ``dx`` (from cache).
 
     With groups (see :data:`GROUP_ROWS`), group ``q`` is the rows ``q + k * Q``
     (``k = 0..3``, ``Q = rows // 4``) and block ``b`` holds groups ``b * G`` to
     ``b * G + G - 1``, ``G = BLOCK_ROWS // 4``; the rows from ``4 * Q`` on go
     one by one, in blocks of their own after those (``_block_count``). A
-    row's sums are taken a span at a time and added in order, with or
-    without streaming stores, so both give the same bits.
+    row's sums are taken a span at a time and added in order.
     """
     rows, D = dy.shape
     size = dx.itemsize
@@ -456,26 +454,28 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
     # With streaming stores, a span of a group's dx is computed into `held`
     # and then streamed out from there.
     held = np.empty((GROUP_ROWS, D), dtype=dx.dtype)
-    done = (0, 0, 0, 0)  # the rows of the group before
-    means_g = means_gxhat = (0.0, 0.0, 0.0, 0.0)
-    for q in range(quarter + 1):
+    for q in range(quarter):
         b = q // (BLOCK_ROWS // GROUP_ROWS)
-        r0, r1, r2, r3 = q, q + quarter, q + 2 * quarter, q + 3 * quarter
+        group = (q, q + quarter, q + 2 * quarter, q + 3 * quarter)
+        r0, r1, r2, r3 = group
         g0 = g1 = g2 = g3 = 0.0
         gx0 = gx1 = gx2 = gx3 = 0.0
         for a in range(0, D, SPAN):
             e = min(a + SPAN, D)
-            if q < quarter:
-                sg, sgx = _group_sums(
-                    dy[r0, a:e], dy[r1, a:e], dy[r2, a:e], dy[r3, a:e],
-                    xhat[r0, a:e], xhat[r1, a:e], xhat[r2, a:e], xhat[r3, a:e],
-                    gamma[a:e], dgamma[b, a:e], dbeta[b, a:e],
-                )
-                g0, g1, g2, g3 = g0 + sg[0], g1 + sg[1], g2 + sg[2], g3 + sg[3]
-                gx0, gx1 = gx0 + sgx[0], gx1 + sgx[1]
-                gx2, gx3 = gx2 + sgx[2], gx3 + sgx[3]
-            for k in range(GROUP_ROWS if q > 0 else 0):
-                r = done[k]
+            sg, sgx = _group_sums(
+                dy[r0, a:e], dy[r1, a:e], dy[r2, a:e], dy[r3, a:e],
+                xhat[r0, a:e], xhat[r1, a:e], xhat[r2, a:e], xhat[r3, a:e],
+                gamma[a:e], dgamma[b, a:e], dbeta[b, a:e],
+            )
+            g0, g1, g2, g3 = g0 + sg[0], g1 + sg[1], g2 + sg[2], g3 + sg[3]
+            gx0, gx1 = gx0 + sgx[0], gx1 + sgx[1]
+            gx2, gx3 = gx2 + sgx[2], gx3 + sgx[3]
+        means_g = (g0 / D, g1 / D, g2 / D, g3 / D)
+        means_gxhat = (gx0 / D, gx1 / D, gx2 / D, gx3 / D)
+        for a in range(0, D, SPAN):
+            e = min(a + SPAN, D)
+            for k in range(GROUP_ROWS):
+                r = group[k]
                 if stream:
                     _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
                                  means_gxhat[k], a, e, held, k)
@@ -484,26 +484,19 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
                 else:
                     _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
                                  means_gxhat[k], a, e, dx, r)
-        done = (r0, r1, r2, r3)
-        means_g = (g0 / D, g1 / D, g2 / D, g3 / D)
-        means_gxhat = (gx0 / D, gx1 / D, gx2 / D, gx3 / D)
     # Plain stores: rows too short for groups are too short to stream (at
     # D = 64, streaming them one by one took twice as long).
     first = GROUP_ROWS * quarter
-    mean_g = mean_gxhat = 0.0
-    for r in range(first, rows + 1):
+    for r in range(first, rows):
         b = grouped_blocks + (r - first) // BLOCK_ROWS
         sum_g = sum_gxhat = 0.0
         for a in range(0, D, SPAN):
             e = min(a + SPAN, D)
-            if r < rows:
-                s, sx = _row_sums(dy[r, a:e], xhat[r, a:e], gamma[a:e],
-                                  dgamma[b, a:e], dbeta[b, a:e])
-                sum_g, sum_gxhat = sum_g + s, sum_gxhat + sx
-            if r > first:
-                _dx_row_span(dy, xhat, gamma, rstd, r - 1, mean_g, mean_gxhat,
-                             a, e, dx, r - 1)
-        mean_g, mean_gxhat = sum_g / D, sum_gxhat / D
+            s, sx = _row_sums(dy[r, a:e], xhat[r, a:e], gamma[a:e],
+                              dgamma[b, a:e], dbeta[b, a:e])
+            sum_g, sum_gxhat = sum_g + s, sum_gxhat + sx
+        _dx_row_span(dy, xhat, gamma, rstd, r, sum_g / D, sum_gxhat / D, 0, D,
+                     dx, r)
     if stream:
         _sfence()
 
@@ -760,12 +753,12 @@ def forward(
     Notes
     -----
     The first call in a fresh process loads (or compiles) the Numba loops.
-    The outputs are written with plain stores: streaming stores to two
-    outputs at once ran at half the speed on the machine the book is built
-    on. A new output array is memory the operating system has not handed
-    out yet: the first store to each page faults, and the kernel zeroes the
-    page before the loop may write it, a pass over the output the loop
-    cannot avoid unless it is given ``out``.
+    From :data:`STREAM_BYTES` of output on, rows of :data:`GROUP_FROM_D`
+    elements or more are written with streaming stores. A new output array
+    is memory the operating system has not handed out yet: the first store
+    to each page faults, and the kernel zeroes the page before the loop may
+    write it, a pass over the output the loop cannot avoid unless it is
+    given ``out``.
 
     Examples
     --------
@@ -789,8 +782,10 @@ def forward(
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     g, b = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
     if x2.shape[0]:
+        stream = y.nbytes >= STREAM_BYTES and D >= GROUP_FROM_D
         _in_threads(_forward_rows, [
-            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e])
+            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream,
+             y[a:e].ctypes.data, xhat[a:e].ctypes.data)
             for a, e in _split(x2.shape[0], threads)
         ])
     y = _deliver(y, y_out, x.shape, x.dtype)
@@ -851,10 +846,8 @@ def backward(
 
     Notes
     -----
-    The two sweeps run as one: the loop takes the sums of one group of rows
-    while it writes the ``dx`` of the group before, so that main memory keeps
-    working while the core computes. From :data:`STREAM_BYTES` of ``dx`` on,
-    ``dx`` is written with streaming stores.
+    From :data:`STREAM_BYTES` of ``dx`` on, rows of :data:`GROUP_FROM_D`
+    elements or more are written with streaming stores.
 
     See Also
     --------

@@ -180,13 +180,14 @@ def test_dgamma_is_summed_per_block_then_across_blocks(D, rows):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("D", [1, 7, 8, 33, fused.GROUP_FROM_D + 9, 1024])
+@pytest.mark.parametrize("D", [1, 7, 8, 33, fused.GROUP_FROM_D + 9, 2 * fused.SPAN + 5])
 def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
     # 23 rows: from GROUP_FROM_D on, five groups of four (each group's dx
-    # streamed out span by span during the next group's sums, the last group's
-    # in a last step of the loop) and
-    # three rows one by one; at GROUP_FROM_D + 9 rows of dx start at every
-    # alignment, so the plain stores before and after the whole lines run.
+    # streamed out span by span after its sums) and three rows one by one
+    # (plain stores); the forward
+    # streams y and xhat span by span (three spans at 2 * SPAN + 5). Rows of
+    # odd length start at every alignment, so the plain stores before and
+    # after the whole lines run.
     x, gamma, beta, dy = make_inputs((23, D), dtype, seed=D)
     plain = fused.forward(x, gamma, beta)
     plain_b = fused.backward(dy, plain[1])
@@ -204,9 +205,9 @@ def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
 
 @pytest.mark.parametrize("D", [5, fused.SPAN + 3, fused.GROUP_FROM_D + 5])
 def test_each_rows_results_are_its_own(D):
-    # The loops are pipelined: one step sums a row (or a group of four) and
-    # finishes the rows before it, whose statistics it carries over. Change
-    # every other row: the rows kept must give the same bits as before.
+    # The backward takes rows in groups of four, and both loops carry a
+    # row's statistics from one sweep to the next. Change every other row:
+    # the rows kept must give the same bits as before.
     rows = 4 * 5 + 3  # five groups of four, and three rows one by one
     x, gamma, beta, dy = make_inputs((rows, D), np.float32, seed=D)
     y, cache = fused.forward(x, gamma, beta)
