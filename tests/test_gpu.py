@@ -1156,16 +1156,19 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert fused._functions[name].shared == [p5.backward_shared_bytes]
         assert (p5.backward_shared_bytes > 0) == (p5.vec > 1)
 
-        # v5's forward: v5's backward's grid, blocks and strips
+        # v5's forward: v5's backward's blocks, strips of its own
         launches.clear()
         fused.forward(inp["x"], inp["gamma"], inp["beta"], eps=1e-3, rung="v5")
         ((fname, fgrid, fblock, fargs),) = launches
         assert fname == p5.kernel("forward") and fname.startswith("ln_fwd_grouped_")
-        assert (fgrid, fblock) == (grid, block)
+        assert (fgrid, fblock) == ((p5.forward_grid,), block)
         fnamed = dict(zip(params[fname], fargs))
         assert (fnamed["rows"], fnamed["D"]) == (rows, D)
         assert fnamed["eps"] == np.float32(1e-3)
-        assert fnamed["rows_per_group"] == named["rows_per_group"]
+        strip = fnamed["rows_per_group"]
+        assert strip == p5.forward_rows_per_group >= kernels.MIN_ROWS_PER_GROUP
+        groups = -(-rows // strip)  # every row in a strip, no block without one
+        assert fgrid[0] == -(-groups // p5.groups_per_block)
         assert fnamed["group_threads"] == named["group_threads"]
         assert fused._functions[fname].shared == [p5.forward_shared_bytes]
 
@@ -1238,12 +1241,16 @@ def test_v5_meets_the_partials_budget_and_the_model_prefers_it():
             assert v5.time < v4.time, (D, dtype)
 
 
-@pytest.mark.parametrize("rows, D", [(8192, 1024), (8192, 4096), (16384, 2048),
-                                     (65536, 768), (8192, 12288), (10**6, 64)])
-def test_v5_strips_double_while_blocks_remain(rows, D):
-    """Past the partials budget, v5's strip doubles while the launch keeps
-    MIN_THREADS threads, no further; by the model the longer strip is at
-    least as fast as half of it."""
+@pytest.mark.parametrize("rows, D", [(8192, 1024), (24576, 1024), (8192, 4096),
+                                     (16384, 2048), (32768, 1536), (65536, 768),
+                                     (8192, 12288), (10**6, 64), (12345, 2560)])
+def test_v5_strips_fill_one_wave(rows, D):
+    """Past the partials budget, v5's backward strip is the shortest that fits
+    its launch in one wave (WAVE_THREADS); the forward's, from 16 rows, the
+    shortest in one wave of FORWARD_WAVE_THREADS. By the model the backward
+    is at least as fast as with the strips doubled from the budget's, the
+    rule this one replaced, which left 205 blocks at 32768 x 1536 (two
+    waves)."""
     for dtype in ("float32", "float16"):
         p = kernels.plan(rows, D, dtype, "v5")
         v5 = model.predict("backward", rows, D, dtype, rung="v5")
@@ -1254,14 +1261,28 @@ def test_v5_strips_double_while_blocks_remain(rows, D):
                 kernels.PARTIALS_BUDGET * 3 * np.dtype(dtype).itemsize):
             budget_strip *= 2
         block = p.backward_block or p.block
-        if p.rows_per_group > budget_strip:  # doubled for fewer blocks
-            assert p.backward_grid * block >= kernels.MIN_THREADS, (D, dtype)
-            half = model.predict("backward", rows, D, dtype, rung="v5",
-                                 rows_per_group=p.rows_per_group // 2)
-            assert v5.time <= half.time * 1.001, (D, dtype)
-        # one more doubling would leave fewer than MIN_THREADS threads
-        more = -(-rows // (2 * p.rows_per_group * p.groups_per_block))
-        assert more * block < kernels.MIN_THREADS, (D, dtype)
+
+        def blocks(strip):
+            return -(-(-(-rows // strip)) // p.groups_per_block)
+
+        wave = kernels.wave_blocks(block)
+        assert p.backward_grid == blocks(p.rows_per_group)
+        assert p.rows_per_group >= budget_strip
+        if p.rows_per_group > budget_strip:  # lengthened to fit one wave
+            assert blocks(p.rows_per_group) <= wave < blocks(p.rows_per_group - 1)
+        doubled = budget_strip  # the rule replaced
+        while -(-rows // (2 * doubled * p.groups_per_block)) * block >= 128 * 512:
+            doubled *= 2
+        old = model.predict("backward", rows, D, dtype, rung="v5",
+                            rows_per_group=doubled)
+        # within 0.5%: a wave is 128 blocks, an H100 has 132 SMs
+        assert v5.time <= old.time * 1.005, (D, dtype)
+        # the forward's strips
+        f_wave = kernels.wave_blocks(block, kernels.WAVE_THREADS if p.chunks > 1
+                                     else kernels.FORWARD_WAVE_THREADS)
+        f_strip = p.forward_rows_per_group
+        assert p.forward_grid == blocks(f_strip) <= max(f_wave, blocks(16))
+        assert f_strip == kernels.MIN_ROWS_PER_GROUP or blocks(f_strip - 1) > f_wave
 
 
 def test_emulated_v5_adds_the_groups_of_a_block_in_order():

@@ -39,7 +39,9 @@ __all__ = [
     "BACKWARD_KERNELS",
     "FORWARD_KERNELS",
     "PARTIALS_BUDGET",
-    "MIN_THREADS",
+    "WAVE_THREADS",
+    "FORWARD_WAVE_THREADS",
+    "wave_blocks",
     "constants",
     "source",
     "kernel_params",
@@ -90,19 +92,28 @@ MAX_ROW_GROUPS = 4096
 #: group and sums them in a fixed order; ``"v5"`` adds the column sums of the
 #: row groups of a block in shared memory first, one partial row per block,
 #: and prefetches the next row into shared memory. The forward of v3 and v4
-#: is the same kernel; v5's takes v5's strips and prefetch (the same bits).
+#: is the same kernel; v5's takes strips of its own and prefetch (the same
+#: bits).
 RUNGS = ("v3", "v4", "v5")
 #: v5 — its strips are the shortest (16 rows, doubled) whose partial sums
 #: stay within this fraction of the bytes the backward must move...
 PARTIALS_BUDGET = 0.05
-#: ... and are doubled further while the launch keeps at least this many
-#: threads: each strip pays a latency to fill its prefetch pipeline and a
-#: partial row to write, so fewer, longer strips are cheaper as long as there
-#: are threads enough for a large GPU (128 blocks of 512 threads: one wave on
-#: an H100's 132 SMs, which hold one such block each). A constant, not the
-#: device's SM count: the plan, and so every bit of the result, stays the
-#: same on every GPU.
-MIN_THREADS = 128 * 512
+#: ... and are lengthened further to the shortest that fits the launch in one
+#: wave of this many threads: 128 SMs holding 512 threads each (at the
+#: registers these kernels use, an H100's 132 SMs hold 512 threads each, one
+#: block of 384 or 480). Each strip pays a latency to fill its prefetch
+#: pipeline and a partial row to write, so fewer, longer strips are cheaper
+#: as long as every SM has a block; and a second, partial wave of blocks
+#: would leave most SMs idle while it runs. A constant, not the device's SM
+#: count: the plan, and so every bit of the result, stays the same on every
+#: GPU. (:func:`lnorm.gpu.kernels.wave_blocks` has the blocks.)
+WAVE_THREADS = 128 * 512
+#: v5's forward takes strips of its own (its bits do not depend on them): the
+#: shortest, from ``MIN_ROWS_PER_GROUP`` rows, that fit its launch in one wave
+#: of this many threads. Its kernels of rows held in registers need at most
+#: 64 registers a thread, so an SM holds 1024 of their threads (twice the
+#: backward's); its long-row kernels have one wave of :data:`WAVE_THREADS`.
+FORWARD_WAVE_THREADS = 128 * 1024
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 #: The name of each rung's backward kernels, ``ln_<name>_{warp|block}_...``;
@@ -466,6 +477,10 @@ class LaunchPlan:
     backward_block : int, default 0
         Threads per block of the backward launch, if not ``block``: v5 puts
         several row groups in a block.
+    forward_rows_per_group : int, default 0
+        v5: the strip of each row group of the forward, which is launched in
+        the backward's blocks (0 for the other rungs, whose forward takes a
+        row per group).
 
     See Also
     --------
@@ -493,6 +508,7 @@ class LaunchPlan:
     backward_grid: int
     rung: str = "v4"
     backward_block: int = 0
+    forward_rows_per_group: int = 0
 
     @property
     def groups_per_block(self) -> int:
@@ -660,8 +676,8 @@ class LaunchPlan:
         The arguments follow the arrays (``x, gamma, beta, y, mean_hi,
         mean_lo, rstd``): ``rows, D`` (``np.int32``) and ``eps``
         (``np.float32``), and for v5 ``rows_per_group, group_threads``.
-        v5's forward is launched as its backward: the same grid, blocks and
-        strips.
+        v5's forward is launched in the backward's blocks, with strips of
+        its own (``forward_rows_per_group``).
 
         Parameters
         ----------
@@ -681,10 +697,10 @@ class LaunchPlan:
         --------
         >>> p = plan(8192, 4096, "float16", "v5")
         >>> name, grid, block, args = p.forward_launch(1e-5)
-        >>> name, grid, block
-        ('ln_fwd_grouped_block_f16_v8', (128,), (512,))
+        >>> name, grid, block  # two blocks an SM: 256 blocks in one wave
+        ('ln_fwd_grouped_block_f16_v8', (256,), (512,))
         >>> [a.item() for a in args]  # doctest: +ELLIPSIS
-        [8192, 4096, 9.99...e-06, 32, 256]
+        [8192, 4096, 9.99...e-06, 16, 256]
         >>> plan(8192, 4096, "float16").forward_launch(1e-5)[:3]
         ('ln_fwd_block_f16_v8', (8192,), (256,))
         """
@@ -692,9 +708,9 @@ class LaunchPlan:
         if self.rung != "v5":
             return (self.kernel("forward"), (self.forward_grid,), (self.block,),
                     (*ints, np.float32(eps)))
-        return (self.kernel("forward"), (self.backward_grid,),
+        return (self.kernel("forward"), (self.forward_grid,),
                 (self.backward_block or self.block,),
-                (*ints, np.float32(eps), np.int32(self.rows_per_group),
+                (*ints, np.float32(eps), np.int32(self.forward_rows_per_group),
                  np.int32(self.threads_per_row)))
 
     @property
@@ -924,6 +940,35 @@ def _check_dtype(dtype, name: str) -> np.dtype:
     return dtype
 
 
+def wave_blocks(block: int, threads: int = WAVE_THREADS) -> int:
+    r"""Blocks of ``block`` threads in one wave of ``threads`` threads.
+
+    ``128 * (threads // 128 // block)``: 128 SMs, each holding as many whole
+    blocks as fit in its share of the threads (at least one).
+
+    Parameters
+    ----------
+    block : int
+        Threads per block.
+    threads : int, default WAVE_THREADS
+        Threads of one wave (:data:`WAVE_THREADS`, or
+        :data:`FORWARD_WAVE_THREADS` for v5's forward).
+
+    Returns
+    -------
+    int
+        The most blocks a launch of one wave has.
+
+    Examples
+    --------
+    >>> wave_blocks(512), wave_blocks(480), wave_blocks(128)  # 512 threads an SM
+    (128, 128, 512)
+    >>> wave_blocks(480, FORWARD_WAVE_THREADS)  # 1024 threads an SM
+    256
+    """
+    return 128 * max(1, threads // 128 // block)
+
+
 def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     r"""Plan the launches for ``rows`` rows of length ``D`` stored as ``dtype``.
 
@@ -942,8 +987,9 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     ``LN_WARPS_PER_BLOCK`` (rows held by a warp), and doubles the strip from
     16 rows until the partial sums, one row per block, are at most
     :data:`lnorm.gpu.kernels.PARTIALS_BUDGET` of the bytes the backward must
-    move (``x`` and ``dy`` read, ``dx`` written), then further while the
-    launch keeps at least :data:`lnorm.gpu.kernels.MIN_THREADS` threads. v3
+    move (``x`` and ``dy`` read, ``dx`` written), then lengthens it to the
+    shortest strip (any number of rows) that keeps the launch within one
+    wave of :data:`lnorm.gpu.kernels.WAVE_THREADS` threads. v3
     has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
@@ -1053,7 +1099,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
             "long-row kernels take any D."
         )
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
-    backward_block = 0
+    backward_block = forward_rows_per_group = 0
     if rung == "v5":
         if per_block:
             groups_per_block = c["LN_MAX_ROW_THREADS"] // threads
@@ -1063,9 +1109,16 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
                 PARTIALS_BUDGET * 3 * dtype.itemsize):
             rows_per_group *= 2
         block = groups_per_block * threads
-        while (math.ceil(rows / (2 * rows_per_group * groups_per_block)) * block
-               >= MIN_THREADS):
-            rows_per_group *= 2
+
+        def one_wave(wave_threads: int) -> int:  # the shortest strip in a wave
+            wave = wave_blocks(block, wave_threads)
+            return math.ceil(rows / (groups_per_block * wave))
+
+        forward_rows_per_group = max(MIN_ROWS_PER_GROUP, one_wave(
+            WAVE_THREADS if chunks > 1 else FORWARD_WAVE_THREADS))
+        forward_grid = math.ceil(math.ceil(rows / forward_rows_per_group)
+                                 / groups_per_block)
+        rows_per_group = max(rows_per_group, one_wave(WAVE_THREADS))
     row_groups = math.ceil(rows / rows_per_group)
     backward_grid = math.ceil(row_groups / groups_per_block)
     return LaunchPlan(
@@ -1083,6 +1136,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         backward_grid=backward_grid,
         rung=rung,
         backward_block=backward_block,
+        forward_rows_per_group=forward_rows_per_group,
     )
 
 

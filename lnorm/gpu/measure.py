@@ -94,7 +94,8 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
         ``kernel_backward``, ``block``, grids, ``row_groups``,
         ``rows_per_group``, ``partials_bytes``, and where other rungs take
         the shape (:func:`lnorm.gpu.kernels.rungs_for`) ``rungs``: the
-        launches of v3 and v5, with v5's ``backward_shared_bytes``) or
+        launches of v3 and v5, with v5's ``backward_shared_bytes`` and
+        its forward's ``forward_grid`` and ``forward_rows_per_group``) or
         ``unsupported``
         (the message of :func:`lnorm.gpu.kernels.plan`).
 
@@ -144,6 +145,8 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
                         q = plan(rows, D, dtype, rung)
                         entry["rungs"][rung] = {
                             "kernel_forward": q.kernel("forward"),
+                            "forward_grid": q.forward_grid,
+                            "forward_rows_per_group": q.forward_rows_per_group,
                             "forward_shared_bytes": q.forward_shared_bytes,
                             "kernel_backward": q.kernel("backward"),
                             "backward_block": q.backward_block or q.block,

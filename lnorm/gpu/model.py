@@ -338,8 +338,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         column sums into dgamma and dbeta by atomics (in L2): no partial sums
         through DRAM and no second stage; the model charges nothing for the
         atomics. v5 has its plan's blocks of several row groups and one
-        partial row per block, and its forward takes the same strips. v3's
-        forward is v4's.
+        partial row per block; its forward takes strips of its own
+        (``forward_rows_per_group``) in the same blocks. v3's forward is
+        v4's.
     rows_per_group : int, optional
         The backward's strip (default: the plan's): fewer, longer strips
         write fewer partial sums but leave fewer row groups to run at once.
@@ -406,6 +407,10 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     if direction == "forward" and rung != "v5":  # a row per group
         groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
         block = p.block
+    elif direction == "forward":  # v5's strips of its own, in v5's blocks
+        per_group = p.forward_rows_per_group
+        groups = math.ceil(rows / per_group)
+        per_block, block = p.groups_per_block, p.backward_block or p.block
     else:  # strips of rows, v5's groups in a block
         groups, per_group = p.row_groups, p.rows_per_group
         per_block, block = p.groups_per_block, p.backward_block or p.block
