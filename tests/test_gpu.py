@@ -104,6 +104,8 @@ def test_constants_are_read_from_the_source():
         "LN_REDUCE_BATCH",
         "LN_FWD_ROWS_IN_FLIGHT",
         "LN_BWD_ROWS_IN_FLIGHT",
+        "LN_BWD_WARP_ROWS_IN_FLIGHT_F32",
+        "LN_BWD_WARP_ROWS_IN_FLIGHT_F16",
         "LN_LONG_ELEMS_PER_THREAD",
         "LN_LONG_STRIP",
     }
@@ -425,7 +427,7 @@ def test_grouped_backward_is_v4_with_block_partials(compiled):
     outside the row loop); two barriers per row sum, and two per hand-over
     round; the hand-over buffer in shared memory. The variants of 16-byte
     vectors copy x and dy into shared memory with cp.async instead of loading
-    them: the first row before the loop, the next row in it, the same
+    them: the first rows before the loop, the next row in it, the same
     instructions and bytes as v4's loads; one wait per row."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if GROUPED.fullmatch(n)}
@@ -446,7 +448,10 @@ def test_grouped_backward_is_v4_with_block_partials(compiled):
         copies = {a: n for a, n in v4_loads.items() if a in rows} if staged else {}
         assert r.per_argument("cp", in_loop=True) == copies, name
         # the rows before the loop: all in flight but the one the loop adds
-        ahead = C["LN_BWD_ROWS_IN_FLIGHT"] - 1
+        # (a warp's rows are short: it keeps more of them in flight)
+        in_flight = C["LN_BWD_ROWS_IN_FLIGHT"] if mapping == "block" else C[
+            "LN_BWD_WARP_ROWS_IN_FLIGHT_" + ("F16" if "_f16_" in name else "F32")]
+        ahead = in_flight - 1
         assert r.per_argument("cp", in_loop=False) == {
             a: (ahead * n, ahead * b) for a, (n, b) in copies.items()}, name
         assert r.count("cp.async.wait_group") == (1 if staged else 0), name
@@ -1283,6 +1288,27 @@ def test_v5_strips_fill_one_wave(rows, D):
         f_strip = p.forward_rows_per_group
         assert p.forward_grid == blocks(f_strip) <= max(f_wave, blocks(16))
         assert f_strip == kernels.MIN_ROWS_PER_GROUP or blocks(f_strip - 1) > f_wave
+
+
+@pytest.mark.parametrize("D", [64, 96, 128, 256])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_v5_short_rows_keep_more_rows_in_flight(D, dtype):
+    """A row a warp holds is short: v5's backward keeps 3 (float32) or 4
+    (float16) of them in flight, where two left the model at 0.56 of the
+    bandwidth at a million rows of 64 halves; its buffers still let four
+    blocks of 128 threads share an SM, as the registers allow."""
+    p = kernels.plan(10**6, D, dtype, "v5")
+    k = p.rows_in_flight("backward")
+    assert not p.per_block and k == {"float32": 3, "float16": 4}[dtype]
+    assert p.backward_shared_bytes == k * 2 * 16 * (C["LN_ELEMS_PER_THREAD"]
+                                                    // p.vec) * p.block
+    v5 = model.predict("backward", 10**6, D, dtype, rung="v5")
+    assert v5.blocks_per_sm == 4
+    assert v5.share() >= 0.9
+    two = model.predict("backward", 10**6, D, dtype, rung="v5", rows_in_flight=2)
+    assert two.share() <= v5.share()
+    if D == 64:  # two rows were too few
+        assert two.share() < 0.9
 
 
 def test_emulated_v5_adds_the_groups_of_a_block_in_order():

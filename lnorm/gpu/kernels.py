@@ -164,6 +164,8 @@ def constants() -> dict[str, int]:
     LN_REDUCE_BATCH 8
     LN_FWD_ROWS_IN_FLIGHT 3
     LN_BWD_ROWS_IN_FLIGHT 2
+    LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
+    LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
     LN_LONG_ELEMS_PER_THREAD 24
     LN_LONG_STRIP 16
     """
@@ -577,9 +579,10 @@ class LaunchPlan:
         r"""Backward: bytes of dynamic shared memory per block of the launch.
 
         v5's kernels of 16-byte vectors prefetch the next rows of ``x`` and
-        ``dy`` into shared memory, one buffer per row in flight:
-        ``LN_BWD_ROWS_IN_FLIGHT * 2 * 16 * (LN_ELEMS_PER_THREAD / vec)``
-        bytes per thread. The other kernels take none.
+        ``dy`` into shared memory, one buffer per row in flight
+        (:meth:`rows_in_flight`): ``rows_in_flight * 2 * 16 *
+        (LN_ELEMS_PER_THREAD / vec)`` bytes per thread. The other kernels
+        take none.
 
         Returns
         -------
@@ -600,6 +603,8 @@ class LaunchPlan:
         0
         >>> plan(64, 7, "float32", rung="v5").backward_shared_bytes  # scalars: none
         0
+        >>> plan(10**6, 64, "float16", rung="v5").backward_shared_bytes  # 128 x 4 x 64
+        32768
         """
         return self._prefetch_bytes("backward", tensors=2)
 
@@ -630,7 +635,9 @@ class LaunchPlan:
         r"""Rows whose loads a row group of the kernel keeps in flight.
 
         v5's kernels of 16-byte vectors prefetch: ``LN_FWD_ROWS_IN_FLIGHT``
-        rows in the forward, ``LN_BWD_ROWS_IN_FLIGHT`` in the backward, one
+        rows in the forward, ``LN_BWD_ROWS_IN_FLIGHT`` in the backward (and
+        ``LN_BWD_WARP_ROWS_IN_FLIGHT_F32`` or ``_F16`` where a warp holds a
+        row: short rows, so more of them keep as many bytes in flight), one
         shared-memory buffer each. The other kernels load one row at a time.
 
         Parameters
@@ -654,11 +661,17 @@ class LaunchPlan:
         (3, 2)
         >>> plan(8192, 1024, "float16").rows_in_flight("forward")
         1
+        >>> plan(10**6, 64, "float16", "v5").rows_in_flight("backward")  # warps
+        4
         """
         if self.rung != "v5" or self.vec == 1:
             return 1
-        key = "LN_FWD_ROWS_IN_FLIGHT" if direction == "forward" else (
-            "LN_BWD_ROWS_IN_FLIGHT")
+        if direction == "forward":
+            key = "LN_FWD_ROWS_IN_FLIGHT"
+        elif self.per_block:
+            key = "LN_BWD_ROWS_IN_FLIGHT"
+        else:
+            key = f"LN_BWD_WARP_ROWS_IN_FLIGHT_{_STORAGE[self.dtype].upper()}"
         return constants()[key]
 
     def _prefetch_bytes(self, direction: str, tensors: int) -> int:

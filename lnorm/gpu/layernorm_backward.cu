@@ -348,13 +348,17 @@ __device__ __forceinline__ void layernorm_backward_grouped(
     // Rows of 16-byte vectors are prefetched: while a thread works on row k,
     // its copies of the next rows' x and dy are in flight into shared memory,
     // so the latency of the loads is not waited out once per row. One buffer
-    // per row in flight (S = LN_BWD_ROWS_IN_FLIGHT), used in turn: the copies
-    // into one never race the reads of another (prefetch_slot). Rows of
+    // per row in flight (S = LN_BWD_ROWS_IN_FLIGHT; a row a warp holds is
+    // short, so warps keep LN_BWD_WARP_ROWS_IN_FLIGHT_F32 or _F16 rows in
+    // flight), used in turn: the copies into one never race the reads of
+    // another (prefetch_slot). Rows of
     // scalars (D not a multiple of the vector) are read straight from global
     // memory.
     constexpr int VPT = E / VEC;
     constexpr bool STAGED = VEC * sizeof(T) == 16;
-    constexpr int S = LN_BWD_ROWS_IN_FLIGHT;
+    constexpr int S = PER_BLOCK ? LN_BWD_ROWS_IN_FLIGHT
+                      : sizeof(T) == 2 ? LN_BWD_WARP_ROWS_IN_FLIGHT_F16
+                                       : LN_BWD_WARP_ROWS_IN_FLIGHT_F32;
     LN_DYNAMIC_SHARED(uint4, staged);
     const int nvec = D / VEC;
     auto slot = [&](int buffer, int tensor, int i) {
@@ -429,8 +433,10 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 // v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
 // group_threads threads; the partial buffers have one row per block. E row
 // elements a thread. The variants of 16-byte vectors take
-// LN_BWD_ROWS_IN_FLIGHT * 2 * 16 * (E / VEC) bytes of dynamic shared memory
-// per thread (the prefetch buffers;
+// S * 2 * 16 * (E / VEC) bytes of dynamic shared memory per thread, S =
+// LN_BWD_ROWS_IN_FLIGHT (LN_BWD_WARP_ROWS_IN_FLIGHT_F32 or _F16 for rows a
+// warp holds),
+// (the prefetch buffers;
 // lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the others none.
 #define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, E)\
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \

@@ -17,6 +17,10 @@
 #define LN_REDUCE_BATCH 8        // v5's reduction: loads per thread in flight
 #define LN_FWD_ROWS_IN_FLIGHT 3  // v5's forward: rows whose loads are in flight
 #define LN_BWD_ROWS_IN_FLIGHT 2  // v5's backward: the same (x and dy: twice the bytes)
+// ... of rows a warp holds (short rows: more of them; 48 and 32 KiB of buffers
+// a block of 128 threads, so that four blocks fit an SM's shared memory)
+#define LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
+#define LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
 #define LN_LONG_ELEMS_PER_THREAD 24 // v5's rows past registers: elements a thread takes
 // Largest block of each kind, for __launch_bounds__.
 #define LN_WARP_THREADS (32 * LN_WARPS_PER_BLOCK)
