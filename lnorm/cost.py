@@ -479,9 +479,10 @@ def traffic(
         Compute in a working dtype of this size. ``"numpy"``: every input is
         converted first and every output last, in main memory. ``"tiled"``:
         the same conversions, block by block in cache (they show in
-        ``bytes_cached``). ``"fused"``: the CPU loop cannot read the input
-        dtype (float16 in Numba), so full-size inputs are converted to a
-        copy before the loop and outputs back after it, in main memory.
+        ``bytes_cached``). ``"fused"``: a loop that cannot read the input
+        dtype converts full-size inputs to a copy before the loop and
+        outputs back after it, in main memory (:mod:`lnorm.fused` reads
+        float16 directly, and needs none).
         Default: the input dtype. Nothing is counted where it equals
         ``itemsize``.
     block_rows : int, optional

@@ -41,15 +41,16 @@ as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
   nonzero ``dx``);
 * a constant row is exact (``xhat = 0``, ``y = beta``, ``dx = 0``).
 
-float16: Numba has no float16 arrays on the CPU, so float16 inputs are
-converted to float32 before the loop and the outputs back after it: two
-extra passes over memory, which :func:`lnorm.cost.traffic` counts
-(``schedule="fused"``, ``itemsize=2``).
+float16: Numba has no float16 arrays on the CPU, so the loops read and
+write float16 arrays as their bits (a ``uint16`` view) and convert each
+element in registers (``_wide``, ``_narrow``: LLVM's ``half`` type, the
+F16C instructions on x86): no converted copy of any tensor. An output is
+rounded from float64 to float16 once, through float32 rounded to odd.
 
-The large arrays allocated here (``xhat``, ``y``, ``dx``, float16
-conversions) start :data:`APART_BYTES` or more from the arrays they are
-streamed with, modulo 4 KiB, so that rows of 4 KiB do not send every stream
-to the same address bits at once (see ``empty_apart``).
+The large arrays allocated here (``xhat``, ``y``, ``dx``) start
+:data:`APART_BYTES` or more from the arrays they are streamed with, modulo
+4 KiB, so that rows of 4 KiB do not send every stream to the same address
+bits at once (see ``empty_apart``).
 
 Large outputs (``dx``; ``y`` and ``xhat``) are written with non-temporal
 (streaming) stores: a plain store to memory that is not in cache first
@@ -179,8 +180,8 @@ SPAN = 1024
 #: (``threads=``) and the sums are the same bits whatever their number.
 CHUNK_ROWS = 1024
 
-_F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
+_U16 = np.dtype(np.uint16)  # how the loops see float16: its bits
 # A streaming store writes a whole 64-byte line (one AVX-512 register, or
 # two AVX ones where LLVM splits it): a few percent faster than 32-byte
 # halves on the book's machine.
@@ -210,6 +211,67 @@ def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
 #: before anyone reads them back; a smaller output is better left in cache
 #: for its next reader.
 STREAM_BYTES = _last_level_cache_bytes() // 2
+
+
+# --- float16 as bits -----------------------------------------------------------
+#
+# Numba has no float16 arrays on the CPU; the loops take float16 arrays as
+# uint16 views, and these two intrinsics convert one element: LLVM's half
+# type, which x86 converts with F16C (vcvtph2ps, vcvtps2ph) and vectorizes.
+
+@intrinsic
+def _wide(typingctx, v):
+    """``v`` as float64: a float widened (exact), or uint16 bits read as float16."""
+    if isinstance(v, types.Integer) and v.bitwidth == 16:
+        def codegen(context, builder, signature, args):
+            return builder.fpext(builder.bitcast(args[0], ir.HalfType()),
+                                 ir.DoubleType())
+    elif isinstance(v, types.Float):
+        def codegen(context, builder, signature, args):
+            return context.cast(builder, args[0], v, types.float64)
+    else:
+        return None
+    return types.float64(v), codegen
+
+
+def _to_odd_single(builder, d):
+    """float64 ``d`` rounded to float32 *to odd*: toward zero, then the last
+    bit set if that was inexact. Rounded again to float16 (to nearest), it
+    gives ``d`` rounded to float16 once (float32 has more than two bits to
+    spare), where two roundings to nearest can differ in the last bit."""
+    i32 = ir.IntType(32)
+    single = builder.fptrunc(d, ir.FloatType())  # to nearest
+    back = builder.fpext(single, ir.DoubleType())
+    fabs = builder.module.declare_intrinsic("llvm.fabs", [ir.DoubleType()])
+    bits = builder.bitcast(single, i32)
+    even = builder.icmp_unsigned("==", builder.and_(bits, ir.Constant(i32, 1)),
+                                 ir.Constant(i32, 0))
+    inexact = builder.fcmp_ordered("!=", back, d)  # false for NaN
+    # An even result that was rounded away from zero steps back toward zero
+    # (odd, the truncation), one rounded toward zero steps out (odd).
+    below = builder.fcmp_ordered("<", builder.call(fabs, [back]),
+                                 builder.call(fabs, [d]))
+    step = builder.select(below, ir.Constant(i32, 1), ir.Constant(i32, -1))
+    odd = builder.select(builder.and_(even, inexact), builder.add(bits, step), bits)
+    return builder.bitcast(odd, ir.FloatType())
+
+
+@intrinsic
+def _narrow(typingctx, v, like):
+    """float64 ``v`` rounded once to the element type of array ``like``
+    (uint16: float16, as bits)."""
+    dtype = like.dtype
+    if isinstance(dtype, types.Integer) and dtype.bitwidth == 16:
+        def codegen(context, builder, signature, args):
+            single = _to_odd_single(builder, args[0])
+            return builder.bitcast(builder.fptrunc(single, ir.HalfType()),
+                                   ir.IntType(16))
+    elif isinstance(dtype, types.Float):
+        def codegen(context, builder, signature, args):
+            return context.cast(builder, args[0], types.float64, dtype)
+    else:
+        return None
+    return dtype(types.float64, like), codegen
 
 
 # --- streaming stores -------------------------------------------------------------
@@ -295,7 +357,7 @@ def _row_sum(x):
     """sum(x) in float64."""
     total = 0.0
     for j in range(x.shape[0]):
-        total += np.float64(x[j])
+        total += _wide(x[j])
     return total
 
 
@@ -304,7 +366,7 @@ def _row_squares(x, mean):
     """sum((x - mean)**2) in float64."""
     sq = 0.0
     for j in range(x.shape[0]):
-        d = np.float64(x[j]) - mean
+        d = _wide(x[j]) - mean
         sq += d * d
     return sq
 
@@ -313,15 +375,16 @@ def _row_squares(x, mean):
 def _normalize_row(x, gamma, beta, mean, rstd, y, xhat):
     """xhat = (x - mean) * rstd and y = gamma * xhat + beta."""
     for j in range(x.shape[0]):
-        h = (np.float64(x[j]) - mean) * rstd
-        xhat[j] = h
-        y[j] = h * gamma[j] + beta[j]
+        h = (_wide(x[j]) - mean) * rstd
+        xhat[j] = _narrow(h, xhat)
+        y[j] = _narrow(h * gamma[j] + beta[j], y)
 
 
 @nb.njit(cache=True, inline="always")
 def _is_constant(x):
+    first = _wide(x[0])
     for j in range(1, x.shape[0]):
-        if x[j] != x[0]:
+        if _wide(x[j]) != first:
             return False
     return True
 
@@ -345,7 +408,7 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
         if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x[r]):
             # The rounded mean of a constant row can miss its value by an
             # ulp; take the value itself, so that xhat = 0 and y = beta.
-            mean = np.float64(x[r, 0])
+            mean = _wide(x[r, 0])
             sq = 0.0
         rstd[r] = 1.0 / np.sqrt(sq / D + eps)
         if not stream:
@@ -368,8 +431,8 @@ def _row_sums(dy, xhat, gamma, dgamma, dbeta):
     sum_g = 0.0
     sum_gxhat = 0.0
     for j in range(dy.shape[0]):
-        d = np.float64(dy[j])
-        p = d * np.float64(xhat[j])
+        d = _wide(dy[j])
+        p = d * _wide(xhat[j])
         sum_g += d * gamma[j]
         sum_gxhat += p * gamma[j]
         dgamma[j] += p
@@ -390,10 +453,10 @@ def _group_sums(dy0, dy1, dy2, dy3, xh0, xh1, xh2, xh3, gamma, dgamma, dbeta):
     gx0 = gx1 = gx2 = gx3 = 0.0
     for j in range(dy0.shape[0]):
         gj = gamma[j]
-        d0, d1 = np.float64(dy0[j]), np.float64(dy1[j])
-        d2, d3 = np.float64(dy2[j]), np.float64(dy3[j])
-        p0, p1 = d0 * np.float64(xh0[j]), d1 * np.float64(xh1[j])
-        p2, p3 = d2 * np.float64(xh2[j]), d3 * np.float64(xh3[j])
+        d0, d1 = _wide(dy0[j]), _wide(dy1[j])
+        d2, d3 = _wide(dy2[j]), _wide(dy3[j])
+        p0, p1 = d0 * _wide(xh0[j]), d1 * _wide(xh1[j])
+        p2, p3 = d2 * _wide(xh2[j]), d3 * _wide(xh3[j])
         g0 += d0 * gj
         g1 += d1 * gj
         g2 += d2 * gj
@@ -411,8 +474,8 @@ def _group_sums(dy0, dy1, dy2, dy3, xh0, xh1, xh2, xh3, gamma, dgamma, dbeta):
 def _dx_span(dy, xhat, gamma, rstd, mean_g, mean_gxhat, dx):
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), per element."""
     for j in range(dy.shape[0]):
-        g = np.float64(dy[j]) * gamma[j]
-        dx[j] = rstd * (g - mean_g - np.float64(xhat[j]) * mean_gxhat)
+        g = _wide(dy[j]) * gamma[j]
+        dx[j] = _narrow(rstd * (g - mean_g - _wide(xhat[j]) * mean_gxhat), dx)
 
 
 @nb.njit(cache=True, fastmath=FASTMATH_DX)
@@ -625,35 +688,38 @@ def empty_apart(shape, dtype, *others: np.ndarray) -> np.ndarray:
 # --- the public functions ---------------------------------------------------------
 
 
+def _bits(a: np.ndarray) -> np.ndarray:
+    """``a`` as the loops see it: float16 as its bits (a uint16 view)."""
+    return a.view(_U16) if a.dtype == _F16 else a
+
+
 def _rows_for_loop(a: np.ndarray, *apart: np.ndarray) -> np.ndarray:
-    """``a`` as C-ordered 2-D rows in a dtype Numba loops over (float16 -> float32).
+    """``a`` as C-ordered 2-D rows the loops read (float16 as its bits).
 
-    ``a`` itself when it already is; a copy is placed apart from ``apart``.
+    A view of ``a`` when it is C-ordered; else a copy, placed apart from
+    ``apart``.
     """
-    dtype = _F32 if a.dtype == _F16 else a.dtype
     rows = a.reshape(-1, a.shape[-1])
-    if rows.dtype == dtype and rows.flags.c_contiguous:
-        return rows
-    out = empty_apart(rows.shape, dtype, *apart)
-    np.copyto(out, rows)
-    return out
+    if not rows.flags.c_contiguous:
+        copy = empty_apart(rows.shape, rows.dtype, *apart)
+        np.copyto(copy, rows)
+        rows = copy
+    return _bits(rows)
 
 
-def _output(out, like: np.ndarray, *apart: np.ndarray) -> np.ndarray:
-    """Where the loop writes an output with the rows' shape and dtype of ``like``:
-    ``out`` itself when it has them, else a new array apart from ``apart``."""
-    if out is not None and out.dtype == like.dtype:
-        return out.reshape(like.shape)
-    return empty_apart(like.shape, like.dtype, *apart)
-
-
-def _deliver(result: np.ndarray, out, shape, dtype) -> np.ndarray:
-    """``result`` in ``shape`` and ``dtype``: in ``out`` when one was given."""
+def _output(out, shape, dtype, *apart: np.ndarray) -> np.ndarray:
+    """Where the loop writes an output of ``shape`` (its rows) and ``dtype``, as
+    the loop sees it (float16 as bits): ``out`` itself, else a new array
+    apart from ``apart``."""
     if out is None:
-        return result.reshape(shape).astype(dtype, copy=False)
-    if result.ctypes.data != out.ctypes.data:  # the loop wrote elsewhere
-        np.copyto(out, result.reshape(shape), casting="same_kind")
-    return out
+        out = empty_apart(shape, dtype, *apart)
+    return _bits(out.reshape(shape))
+
+
+def _deliver(result: np.ndarray, shape) -> np.ndarray:
+    """The loop's ``result`` (``out`` when one was given) in ``shape``, float16
+    bits as float16."""
+    return (result.view(_F16) if result.dtype == _U16 else result).reshape(shape)
 
 
 _THREADS_HINT = "threads is how many CPU threads run the loop."
@@ -777,8 +843,8 @@ def forward(
     threads = check_int(threads, "threads", 1, _THREADS_HINT)
 
     x2 = _rows_for_loop(x)
-    y = _output(y_out, x2, x2)
-    xhat = _output(xhat_out, x2, x2, y)
+    y = _output(y_out, x2.shape, x.dtype, x2)
+    xhat = _output(xhat_out, x2.shape, x.dtype, x2, y)
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     g, b = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
     if x2.shape[0]:
@@ -788,8 +854,8 @@ def forward(
              y[a:e].ctypes.data, xhat[a:e].ctypes.data)
             for a, e in _split(x2.shape[0], threads)
         ])
-    y = _deliver(y, y_out, x.shape, x.dtype)
-    xhat = _deliver(xhat, xhat_out, x.shape, x.dtype)
+    y = y_out if y_out is not None else _deliver(y, x.shape)
+    xhat = xhat_out if xhat_out is not None else _deliver(xhat, x.shape)
     return y, make_cache(xhat, rstd.reshape(x.shape[:-1]), gamma)
 
 
@@ -871,7 +937,7 @@ def backward(
     dy2 = _rows_for_loop(dy)
     xhat2 = _rows_for_loop(cache.xhat, dy2)
     rows = dy2.shape[0]
-    dx = _output(out, dy2, dy2, xhat2)
+    dx = _output(out, dy2.shape, cache.dtype, dy2, xhat2)
     blocks = _chunked_block_count(rows, D)
     dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
     dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
@@ -885,7 +951,7 @@ def backward(
     dgamma, dbeta = dgamma.sum(axis=0), dbeta.sum(axis=0)
     pdt = cache.gamma.dtype
     return (
-        _deliver(dx, out, cache.shape, cache.dtype),
+        out if out is not None else _deliver(dx, cache.shape),
         dgamma.astype(pdt),
         dbeta.astype(pdt),
     )
