@@ -103,6 +103,7 @@ def test_constants_are_read_from_the_source():
         "LN_REDUCE_SLICES_WIDE",
         "LN_REDUCE_BATCH",
         "LN_FWD_ROWS_IN_FLIGHT",
+        "LN_FWD_THREADS_PER_SM",
         "LN_BWD_ROWS_IN_FLIGHT",
         "LN_BWD_WARP_ROWS_IN_FLIGHT_F32",
         "LN_BWD_WARP_ROWS_IN_FLIGHT_F16",
@@ -1252,7 +1253,8 @@ def test_v5_meets_the_partials_budget_and_the_model_prefers_it():
 def test_v5_strips_fill_one_wave(rows, D):
     """Past the partials budget, v5's backward strip is the shortest that fits
     its launch in one wave (WAVE_THREADS); the forward's, from 16 rows, the
-    shortest in one wave of FORWARD_WAVE_THREADS. By the model the backward
+    shortest in one wave of 1024 threads an SM (16-byte vectors in registers)
+    or WAVE_THREADS. By the model the backward
     is at least as fast as with the strips doubled from the budget's, the
     rule this one replaced, which left 205 blocks at 32768 x 1536 (two
     waves)."""
@@ -1283,8 +1285,9 @@ def test_v5_strips_fill_one_wave(rows, D):
         # within 0.5%: a wave is 128 blocks, an H100 has 132 SMs
         assert v5.time <= old.time * 1.005, (D, dtype)
         # the forward's strips
-        f_wave = kernels.wave_blocks(block, kernels.WAVE_THREADS if p.chunks > 1
-                                     else kernels.FORWARD_WAVE_THREADS)
+        f_wave = kernels.wave_blocks(
+            block, 128 * C["LN_FWD_THREADS_PER_SM"] if p.chunks == 1 and p.vec > 1
+            else kernels.WAVE_THREADS)
         f_strip = p.forward_rows_per_group
         assert p.forward_grid == blocks(f_strip) <= max(f_wave, blocks(16))
         assert f_strip == kernels.MIN_ROWS_PER_GROUP or blocks(f_strip - 1) > f_wave
@@ -1385,6 +1388,12 @@ def test_model_registers_match_ptxas():
     for short, shared in model.STATIC_SHARED.items():
         for storage in ("f32_v4", "f16_v8"):
             assert usage[f"ln_{short}_{storage}"].shared_bytes == shared, short
+    # v5's forward strips assume an SM holds LN_FWD_THREADS_PER_SM threads of
+    # its kernels of 16-byte vectors in registers: at most 64 registers each.
+    per_sm = C["LN_FWD_THREADS_PER_SM"]
+    for name, u in usage.items():
+        if re.fullmatch(r"ln_fwd_grouped_(warp|block)_f(32_v4|16_v8)", name):
+            assert u.registers * per_sm <= 65536, (name, u.registers)
 
 
 def test_occupancy_follows_shared_memory():

@@ -40,7 +40,6 @@ __all__ = [
     "FORWARD_KERNELS",
     "PARTIALS_BUDGET",
     "WAVE_THREADS",
-    "FORWARD_WAVE_THREADS",
     "wave_blocks",
     "constants",
     "source",
@@ -110,10 +109,10 @@ PARTIALS_BUDGET = 0.05
 WAVE_THREADS = 128 * 512
 #: v5's forward takes strips of its own (its bits do not depend on them): the
 #: shortest, from ``MIN_ROWS_PER_GROUP`` rows, that fit its launch in one wave
-#: of this many threads. Its kernels of rows held in registers need at most
-#: 64 registers a thread, so an SM holds 1024 of their threads (twice the
-#: backward's); its long-row kernels have one wave of :data:`WAVE_THREADS`.
-FORWARD_WAVE_THREADS = 128 * 1024
+#: of ``128 * LN_FWD_THREADS_PER_SM`` threads for its kernels of 16-byte
+#: vectors in registers (``__launch_bounds__`` holds them to 64 registers a
+#: thread, so that an SM holds 1024 of their threads, twice the backward's),
+#: of :data:`WAVE_THREADS` for its others.
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 #: The name of each rung's backward kernels, ``ln_<name>_{warp|block}_...``;
@@ -163,6 +162,7 @@ def constants() -> dict[str, int]:
     LN_REDUCE_SLICES_WIDE 32
     LN_REDUCE_BATCH 8
     LN_FWD_ROWS_IN_FLIGHT 3
+    LN_FWD_THREADS_PER_SM 1024
     LN_BWD_ROWS_IN_FLIGHT 2
     LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
     LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
@@ -965,7 +965,7 @@ def wave_blocks(block: int, threads: int = WAVE_THREADS) -> int:
         Threads per block.
     threads : int, default WAVE_THREADS
         Threads of one wave (:data:`WAVE_THREADS`, or
-        :data:`FORWARD_WAVE_THREADS` for v5's forward).
+        ``128 * LN_FWD_THREADS_PER_SM`` for v5's forward of 16-byte vectors).
 
     Returns
     -------
@@ -976,7 +976,7 @@ def wave_blocks(block: int, threads: int = WAVE_THREADS) -> int:
     --------
     >>> wave_blocks(512), wave_blocks(480), wave_blocks(128)  # 512 threads an SM
     (128, 128, 512)
-    >>> wave_blocks(480, FORWARD_WAVE_THREADS)  # 1024 threads an SM
+    >>> wave_blocks(480, 128 * 1024)  # 1024 threads an SM
     256
     """
     return 128 * max(1, threads // 128 // block)
@@ -1128,7 +1128,8 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
             return math.ceil(rows / (groups_per_block * wave))
 
         forward_rows_per_group = max(MIN_ROWS_PER_GROUP, one_wave(
-            WAVE_THREADS if chunks > 1 else FORWARD_WAVE_THREADS))
+            128 * c["LN_FWD_THREADS_PER_SM"] if chunks == 1 and vec > 1
+            else WAVE_THREADS))
         forward_grid = math.ceil(math.ceil(rows / forward_rows_per_group)
                                  / groups_per_block)
         rows_per_group = max(rows_per_group, one_wave(WAVE_THREADS))

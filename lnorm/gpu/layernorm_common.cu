@@ -16,6 +16,7 @@
 #define LN_REDUCE_SLICES_WIDE 32 // the same, v5's reduction
 #define LN_REDUCE_BATCH 8        // v5's reduction: loads per thread in flight
 #define LN_FWD_ROWS_IN_FLIGHT 3  // v5's forward: rows whose loads are in flight
+#define LN_FWD_THREADS_PER_SM 1024 // ... and threads an SM holds (16-byte vectors)
 #define LN_BWD_ROWS_IN_FLIGHT 2  // v5's backward: the same (x and dy: twice the bytes)
 // ... of rows a warp holds (short rows: more of them; 48 and 32 KiB of buffers
 // a block of 128 threads, so that four blocks fit an SM's shared memory)

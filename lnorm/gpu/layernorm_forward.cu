@@ -202,13 +202,18 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     });
 }
 
-// v5: one per variant, named ln_fwd_grouped_<suffix>, launched as v5's
-// backward (lnorm.gpu.kernels.LaunchPlan.forward_launch). E row elements a
-// thread. The variants of 16-byte vectors take LN_FWD_ROWS_IN_FLIGHT * 16 *
-// (E / VEC) bytes of dynamic shared memory per thread
-// (LaunchPlan.forward_shared_bytes).
-#define LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, E) \
-    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+// v5: one per variant, named ln_fwd_grouped_<suffix>, launched in v5's
+// backward's blocks (lnorm.gpu.kernels.LaunchPlan.forward_launch). E row
+// elements a thread. The variants of 16-byte vectors take
+// LN_FWD_ROWS_IN_FLIGHT * 16 * (E / VEC) bytes of dynamic shared memory per
+// thread (LaunchPlan.forward_shared_bytes), and those of rows in registers
+// ask for MIN_BLOCKS blocks an SM: LN_FWD_THREADS_PER_SM threads, at most 64
+// registers each (the plan's forward strips fill one wave of them).
+#define LN_FWD_MIN_BLOCKS(T, VEC, MAX_THREADS)                              \
+    ((VEC) * sizeof(T) == 16 ? LN_FWD_THREADS_PER_SM / (MAX_THREADS) : 1)
+#define LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, E, \
+                                    MIN_BLOCKS)                              \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, MIN_BLOCKS)    \
     ln_fwd_grouped_##SUFFIX(const T* __restrict__ x,                         \
                             const T* __restrict__ gamma,                     \
                             const T* __restrict__ beta, T* __restrict__ y,   \
@@ -224,7 +229,8 @@ __device__ __forceinline__ void layernorm_forward_grouped(
 
 #define LN_FORWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)    \
     LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS,      \
-                                LN_ELEMS_PER_THREAD)
+                                LN_ELEMS_PER_THREAD,                         \
+                                LN_FWD_MIN_BLOCKS(T, VEC, MAX_THREADS))
 
 LN_VARIANTS(LN_FORWARD_GROUPED_KERNEL)
 
@@ -233,6 +239,6 @@ LN_VARIANTS(LN_FORWARD_GROUPED_KERNEL)
 // long variant, ln_fwd_grouped_long_<suffix>, launched as the others.
 #define LN_FORWARD_GROUPED_LONG_KERNEL(SUFFIX, T, VEC, MAX_THREADS)          \
     LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, true, MAX_THREADS,           \
-                                LN_LONG_ELEMS_PER_THREAD)
+                                LN_LONG_ELEMS_PER_THREAD, 1)
 
 LN_LONG_VECTOR_VARIANTS(LN_FORWARD_GROUPED_LONG_KERNEL)

@@ -17,7 +17,8 @@ sums (three in the forward, one in the backward).
 The kernel takes ``ceil(groups / C) * rows_per_group`` such steps. The first
 term is the bytes; the second is what a design that keeps the next row's
 loads in flight hides. With the loads of ``k`` rows in flight (v5's backward
-prefetches the next row into shared memory: ``k = 2``), a group issues row
+prefetches the next row into shared memory: ``k = 2``, more where a warp
+holds a row), a group issues row
 ``r + k - 1`` before it waits for row ``r``, so the memory is never idle for
 lack of requests and a step costs::
 
