@@ -43,9 +43,9 @@ as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
 
 float16: Numba has no float16 arrays on the CPU, so the loops read and
 write float16 arrays as their bits (a ``uint16`` view) and convert each
-element in registers (``_wide``, ``_narrow``: LLVM's ``half`` type, the
-F16C instructions on x86): no converted copy of any tensor. An output is
-rounded from float64 to float16 once, through float32 rounded to odd.
+element in registers (``_wide``, ``_narrow``: integer operations on the
+bits, which LLVM vectorizes on any CPU): no converted copy of any tensor.
+An output is rounded from float64 to float16 once, to nearest.
 
 The large arrays allocated here (``xhat``, ``y``, ``dx``) start
 :data:`APART_BYTES` or more from the arrays they are streamed with, modulo
@@ -98,11 +98,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import llvmlite.binding as llvm
 import numba as nb
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core import cgutils
+from numba.core import cgutils, config
 from numba.extending import intrinsic
 
 from .core import ACC_DTYPE, LayerNormCache, make_cache
@@ -171,7 +172,7 @@ FASTMATH_DX = False
 #: (32 KiB of ``dy`` and ``xhat`` in float32 for a group of 4 rows), long
 #: enough for whole vector loops and few steps: at (4096, 1024) float32,
 #: 1024 took the backward from about 0.54 to 0.47 ns per element against 256
-#: on the 2-core AMD EPYC the book was built on on 2026-11-26.
+#: on the 2-core AMD EPYC of the 2026-11-26 session.
 SPAN = 1024
 
 #: Rows per chunk of the backward. The loop runs chunk by chunk, and each
@@ -216,16 +217,99 @@ STREAM_BYTES = _last_level_cache_bytes() // 2
 # --- float16 as bits -----------------------------------------------------------
 #
 # Numba has no float16 arrays on the CPU; the loops take float16 arrays as
-# uint16 views, and these two intrinsics convert one element: LLVM's half
-# type, which x86 converts with F16C (vcvtph2ps, vcvtps2ph) and vectorizes.
+# uint16 views and convert each element in registers. Where the CPU Numba
+# compiles for converts float16 in instructions (x86 with F16C, 64-bit Arm),
+# with LLVM's half type; elsewhere with integer operations on the bits of a
+# float64 (about two and a half times slower), since there LLVM would call a
+# runtime function that Numba's JIT does not have (NUMBA_CPU_NAME=generic
+# crashed). Both round each output once and give the same bits.
+
+
+def _native_half() -> bool:
+    """Whether LLVM converts float16 in instructions for Numba's target CPU."""
+    arch = llvm.get_process_triple().split("-")[0]
+    if arch in ("aarch64", "arm64"):
+        return True
+    if arch not in ("x86_64", "i386", "i686"):
+        return False
+    features = config.CPU_FEATURES  # '' for NUMBA_CPU_NAME=generic
+    if features is None:
+        features = llvm.get_host_cpu_features().flatten()
+    return "+f16c" in features.split(",")
+
+
+
+@intrinsic
+def _float_bits(typingctx, d):
+    """The bits of float64 ``d``, as an int64."""
+    if d != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(64))
+
+    return types.int64(d), codegen
+
+
+@intrinsic
+def _bits_float(typingctx, b):
+    """The float64 whose bits are int64 ``b``."""
+    if b != types.int64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return types.float64(b), codegen
+
+
+@nb.njit(cache=True, inline="always")
+def _half_to_double(h):
+    """float16 bits ``h`` as the float64 of the same value (exact)."""
+    b = np.int64(h)
+    sign = (b & 0x8000) << 48
+    e = (b >> 10) & 0x1F
+    m = b & 0x3FF
+    # Normal, infinite or NaN: the same significand bits, the exponent moved.
+    exp = 0x7FF if e == 0x1F else e + (1023 - 15)
+    v = _bits_float(sign | (exp << 52) | (m << 42))
+    sub = np.float64(m) * 2.0**-24  # zero or subnormal
+    return v if e != 0 else (-sub if sign != 0 else sub)
+
+
+@nb.njit(cache=True, inline="always")
+def _double_to_half(d):
+    """float64 ``d`` rounded once to float16 (to nearest, ties to even), as bits."""
+    b = _float_bits(d)
+    sign = (b >> 48) & 0x8000
+    a = b & 0x7FFFFFFFFFFFFFFF
+    e = (a >> 52) - 1023
+    sig = (a & 0xFFFFFFFFFFFFF) | 0x10000000000000
+    # Keep 11 significant bits (a normal half) or the multiples of 2**-24 (a
+    # subnormal one); from 54 bits dropped on, nothing is left (zero).
+    shift = min(42 if e >= -14 else 28 - e, 54)
+    q = sig >> shift
+    rem = sig & ((np.int64(1) << shift) - 1)
+    half = np.int64(1) << (shift - 1)
+    q += (rem > half) | ((rem == half) & ((q & 1) == 1))
+    # A carry out of the significand steps the exponent, up to infinity.
+    h = ((e + 14) << 10) + q if e >= -14 else q
+    h = 0x7C00 if e >= 16 else h  # |d| >= 2**16, or infinite
+    h = 0x7E00 if a > 0x7FF0000000000000 else h  # NaN
+    return np.uint16(sign | h)
+
 
 @intrinsic
 def _wide(typingctx, v):
     """``v`` as float64: a float widened (exact), or uint16 bits read as float16."""
-    if isinstance(v, types.Integer) and v.bitwidth == 16:
+    if isinstance(v, types.Integer) and v.bitwidth == 16 and _native_half():
         def codegen(context, builder, signature, args):
             return builder.fpext(builder.bitcast(args[0], ir.HalfType()),
                                  ir.DoubleType())
+    elif isinstance(v, types.Integer) and v.bitwidth == 16:
+        def codegen(context, builder, signature, args):
+            return context.compile_internal(
+                builder, _half_to_double.py_func, types.float64(types.uint16), args)
     elif isinstance(v, types.Float):
         def codegen(context, builder, signature, args):
             return context.cast(builder, args[0], v, types.float64)
@@ -256,16 +340,22 @@ def _to_odd_single(builder, d):
     return builder.bitcast(odd, ir.FloatType())
 
 
+
 @intrinsic
 def _narrow(typingctx, v, like):
     """float64 ``v`` rounded once to the element type of array ``like``
     (uint16: float16, as bits)."""
     dtype = like.dtype
-    if isinstance(dtype, types.Integer) and dtype.bitwidth == 16:
+    if isinstance(dtype, types.Integer) and dtype.bitwidth == 16 and _native_half():
         def codegen(context, builder, signature, args):
             single = _to_odd_single(builder, args[0])
             return builder.bitcast(builder.fptrunc(single, ir.HalfType()),
                                    ir.IntType(16))
+    elif isinstance(dtype, types.Integer) and dtype.bitwidth == 16:
+        def codegen(context, builder, signature, args):
+            return context.compile_internal(
+                builder, _double_to_half.py_func, types.uint16(types.float64),
+                args[:1])
     elif isinstance(dtype, types.Float):
         def codegen(context, builder, signature, args):
             return context.cast(builder, args[0], types.float64, dtype)

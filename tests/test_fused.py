@@ -5,6 +5,10 @@ the streaming stores change nothing but speed; out=
 gives the same bits in the caller's arrays; any number of threads gives the
 same bits; float32 stays accurate at large row offsets."""
 
+import hashlib
+import os
+import subprocess
+import sys
 import threading
 
 import numba as nb
@@ -561,10 +565,16 @@ def _narrow_all(d, out):
         out[i] = fused._narrow(d[i], out)
 
 
+@nb.njit
+def _narrow_all_by_bits(d, out):  # the conversion for CPUs without F16C
+    for i in range(d.shape[0]):
+        out[i] = fused._double_to_half(d[i])
+
+
 def test_float16_outputs_are_rounded_once():
     # Halfway between two float16 values, and a hair to either side: rounded
     # to float32 first, the hair is lost and the tie goes to even; the loops
-    # round through float32 rounded to odd, which gives NumPy's one rounding.
+    # round the float64 once, as NumPy does.
     rng = np.random.default_rng(1)
     bits = rng.integers(0, 0x7C00, 5000).astype(np.uint16)  # finite halves
     lo = bits.view(np.float16).astype(np.float64)
@@ -577,10 +587,13 @@ def test_float16_outputs_are_rounded_once():
     d = np.concatenate([d, -d])
     got = np.empty(d.size, np.uint16)
     _narrow_all(d, got)
+    by_bits = np.empty(d.size, np.uint16)
+    _narrow_all_by_bits(d, by_bits)
     with np.errstate(over="ignore"):
         want = d.astype(np.float16)
         twice = d.astype(np.float32).astype(np.float16)
     assert np.array_equal(got, want.view(np.uint16))
+    assert np.array_equal(by_bits, want.view(np.uint16))
     assert np.count_nonzero(twice != want) > 1000  # what rounding twice gives
     nan = np.empty(1, np.uint16)
     _narrow_all(np.array([np.nan]), nan)
@@ -599,3 +612,46 @@ def test_float16_makes_no_converted_copy():
     partials = 2 * 8 * 1024 * fused._chunked_block_count(512, 1024)
     peak = bench.peak_bytes(lambda: fused.backward(dy, cache))
     assert peak < 2 * n + partials + slack
+
+
+@nb.njit
+def _wide_all(h, out, by_bits):
+    for i in range(h.shape[0]):
+        out[i] = fused._half_to_double(h[i]) if by_bits else fused._wide(h[i])
+
+
+@pytest.mark.parametrize("by_bits", [False, True])
+def test_float16_inputs_are_read_exactly(by_bits):
+    every = np.arange(2**16, dtype=np.uint16)
+    got = np.empty(every.size)
+    _wide_all(every, got, by_bits)
+    want = every.view(np.float16).astype(np.float64)
+    nan = np.isnan(want)
+    assert np.array_equal(got[~nan].view(np.int64), want[~nan].view(np.int64))
+    assert np.isnan(got[nan]).all()
+    assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_float16_conversions_need_no_cpu_feature(tmp_path):
+    # LLVM's half type needs F16C on x86: for a generic CPU, LLVM calls a
+    # runtime function the JIT does not have, and the process died. There the
+    # loops convert with integer operations, to the same bits.
+    code = (
+        "import hashlib, numpy as np\n"
+        "from lnorm import fused\n"
+        "assert not fused._native_half()\n"
+        "x = np.linspace(-3, 3, 4 * 777, dtype=np.float16).reshape(4, 777)\n"
+        "y, c = fused.forward(x, np.ones(777, x.dtype), np.zeros(777, x.dtype))\n"
+        "dx = fused.backward(x[::-1].copy(), c)[0]\n"
+        "print(hashlib.sha256(y.tobytes() + dx.tobytes()).hexdigest())\n"
+    )
+    env = {**os.environ, "NUMBA_CPU_NAME": "generic",
+           "NUMBA_CACHE_DIR": str(tmp_path)}
+    run = subprocess.run([sys.executable, "-c", code], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    x = np.linspace(-3, 3, 4 * 777, dtype=np.float16).reshape(4, 777)
+    y, c = fused.forward(x, np.ones(777, x.dtype), np.zeros(777, x.dtype))
+    dx = fused.backward(x[::-1].copy(), c)[0]
+    here = hashlib.sha256(y.tobytes() + dx.tobytes()).hexdigest()
+    assert run.stdout.split() == [here]
