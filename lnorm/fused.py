@@ -221,8 +221,9 @@ STREAM_BYTES = _last_level_cache_bytes() // 2
 # compiles for converts float16 in instructions (x86 with F16C, 64-bit Arm),
 # with LLVM's half type; elsewhere with integer operations on the bits of a
 # float64 (about two and a half times slower), since there LLVM would call a
-# runtime function that Numba's JIT does not have (NUMBA_CPU_NAME=generic
-# crashed). Both round each output once and give the same bits.
+# runtime function that Numba's JIT does not have (with NUMBA_CPU_NAME=generic
+# the process would crash). Both round each output once and give the same
+# bits.
 
 
 def _native_half() -> bool:

@@ -634,8 +634,8 @@ def test_float16_inputs_are_read_exactly(by_bits):
 
 def test_float16_conversions_need_no_cpu_feature(tmp_path):
     # LLVM's half type needs F16C on x86: for a generic CPU, LLVM calls a
-    # runtime function the JIT does not have, and the process died. There the
-    # loops convert with integer operations, to the same bits.
+    # runtime function the JIT does not have, and the process would die.
+    # There the loops convert with integer operations, to the same bits.
     code = (
         "import hashlib, numpy as np\n"
         "from lnorm import fused\n"
