@@ -139,8 +139,12 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
               block_reduction=0.25e-6, warp_reduction=0.05e-6)
 
 #: Registers per thread of the main kernels on sm_90, as ``ptxas -v`` reported
-#: them (``lnorm.gpu.ptx.ptxas_usage``; chapter 6 prints the current values).
-#: Used when ptxas is not installed.
+#: them for the float32 variants of 16-byte vectors (``lnorm.gpu.ptx.ptxas_usage``;
+#: a test checks them, and chapter 6 prints every kernel's current values).
+#: The model uses them for every variant: those of scalars (``D`` not a
+#: multiple of the vector) use more, up to 128 in a block of 512 threads and
+#: 158 in a warp's, so its occupancy, and its time, for such rows is
+#: optimistic.
 #: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
 #: ``"fwd_long"``, ``"bwd_long"``: those of longer rows; ``"bwd_atomic"``,
 #: ``"bwd_grouped"``: the backward of v3 and of v5; ``"fwd_grouped"``: the
