@@ -1388,6 +1388,15 @@ def test_model_registers_match_ptxas():
     for short, shared in model.STATIC_SHARED.items():
         for storage in ("f32_v4", "f16_v8"):
             assert usage[f"ln_{short}_{storage}"].shared_bytes == shared, short
+    # the variants of scalars: the most of float32 and float16, per mapping
+    scalar = {}
+    for name, u in usage.items():
+        if name.endswith("_v1"):
+            key = name[len("ln_"):].rsplit("_", 2)[0]
+            scalar[key] = max(scalar.get(key, 0), u.registers)
+    assert set(scalar) == set(model.SCALAR_REGISTERS)
+    for key, regs in model.SCALAR_REGISTERS.items():
+        assert abs(scalar[key] - regs) <= 8, (key, scalar[key], regs)
     # v5's forward strips assume an SM holds LN_FWD_THREADS_PER_SM threads of
     # its kernels of 16-byte vectors in registers: at most 64 registers each.
     per_sm = C["LN_FWD_THREADS_PER_SM"]

@@ -65,8 +65,8 @@ import numpy as np
 from ..cost import traffic
 from .kernels import BACKWARD_KERNELS, FORWARD_KERNELS, plan
 
-__all__ = ["H100", "REGISTERS", "STATIC_SHARED", "Device", "Prediction", "predict",
-           "occupancy"]
+__all__ = ["H100", "REGISTERS", "SCALAR_REGISTERS", "STATIC_SHARED", "Device",
+           "Prediction", "predict", "occupancy"]
 
 
 @dataclass(frozen=True)
@@ -140,11 +140,8 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 
 #: Registers per thread of the main kernels on sm_90, as ``ptxas -v`` reported
 #: them for the float32 variants of 16-byte vectors (``lnorm.gpu.ptx.ptxas_usage``;
-#: a test checks them, and chapter 6 prints every kernel's current values).
-#: The model uses them for every variant: those of scalars (``D`` not a
-#: multiple of the vector) use more, up to 128 in a block of 512 threads and
-#: 158 in a warp's, so its occupancy, and its time, for such rows is
-#: optimistic.
+#: a test checks them, and chapter 6 prints every kernel's current values),
+#: which the model takes for every variant of 16-byte vectors.
 #: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
 #: ``"fwd_long"``, ``"bwd_long"``: those of longer rows; ``"bwd_atomic"``,
 #: ``"bwd_grouped"``: the backward of v3 and of v5; ``"fwd_grouped"``: the
@@ -153,6 +150,15 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
              "bwd_atomic": 109, "bwd_grouped": 122, "fwd_grouped": 59,
              "fwd_grouped_long": 79, "bwd_grouped_long": 120}
+
+#: The same for the variants of scalars (``D`` not a multiple of the vector),
+#: which use more: the most of float32 and float16, per kernel family and
+#: mapping (``<family>_warp``, ``<family>_block``, ``<family>_long``).
+SCALAR_REGISTERS = {"fwd_warp": 64, "fwd_block": 80, "fwd_long": 56,
+                    "bwd_warp": 155, "bwd_block": 128, "bwd_long": 128,
+                    "bwd_atomic_warp": 158, "bwd_atomic_block": 128,
+                    "bwd_grouped_warp": 141, "bwd_grouped_block": 128,
+                    "fwd_grouped_warp": 109, "fwd_grouped_block": 128}
 
 #: Static shared memory (bytes per block) of v5's backward, as ``ptxas -v``
 #: reports it: the hand-over of the column sums, sized for the largest group
@@ -332,7 +338,8 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         The GPU modelled.
     registers : int, optional
         Registers per thread of the main kernel; default
-        :data:`lnorm.gpu.model.REGISTERS`.
+        :data:`lnorm.gpu.model.REGISTERS` (rows of 16-byte vectors) or
+        :data:`lnorm.gpu.model.SCALAR_REGISTERS` (rows of scalars).
     rows_in_flight : int, optional
         Rows whose loads a group keeps outstanding, ``k``. Default: what the
         kernel does (:meth:`lnorm.gpu.kernels.LaunchPlan.rows_in_flight`: 3
@@ -397,7 +404,13 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     p = plan(rows, D, dtype, rung)
     itemsize = p.dtype.itemsize
     short = (FORWARD_KERNELS if direction == "forward" else BACKWARD_KERNELS)[rung]
-    regs = registers or REGISTERS[short + ("_long" if p.chunks > 1 else "")]
+    mapping = "long" if p.chunks > 1 else "block" if p.per_block else "warp"
+    if registers:
+        regs = registers
+    elif p.vec == 1:
+        regs = SCALAR_REGISTERS[f"{short}_{mapping}"]
+    else:
+        regs = REGISTERS[short + ("_long" if p.chunks > 1 else "")]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
     if rows_per_group is not None:
@@ -422,7 +435,6 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     extra = p.partials_bytes if direction == "backward" else 0
     prefetch = (p.forward_shared_bytes if direction == "forward"
                 else p.backward_shared_bytes)
-    mapping = "long" if p.chunks > 1 else "block" if p.per_block else "warp"
     shared = STATIC_SHARED.get(f"{short}_{mapping}", 0) + prefetch
     if rows_in_flight is None:
         rows_in_flight = p.rows_in_flight(direction)
