@@ -251,7 +251,6 @@ def _native_half() -> bool:
     return "+f16c" in features.split(",")
 
 
-
 @intrinsic
 def _float_bits(typingctx, d):
     """The bits of float64 ``d``, as an int64."""
@@ -312,14 +311,19 @@ def _double_to_half(d):
     return np.uint16(sign | h)
 
 
+def _is_half(t) -> bool:
+    """Whether the Numba type ``t`` is how the loops see float16 (uint16 bits)."""
+    return isinstance(t, types.Integer) and t.bitwidth == 16
+
+
 @intrinsic
 def _wide(typingctx, v):
     """``v`` as float64: a float widened (exact), or uint16 bits read as float16."""
-    if isinstance(v, types.Integer) and v.bitwidth == 16 and _native_half():
+    if _is_half(v) and _native_half():
         def codegen(context, builder, signature, args):
             return builder.fpext(builder.bitcast(args[0], ir.HalfType()),
                                  ir.DoubleType())
-    elif isinstance(v, types.Integer) and v.bitwidth == 16:
+    elif _is_half(v):
         def codegen(context, builder, signature, args):
             return context.compile_internal(
                 builder, _half_to_double.py_func, types.float64(types.uint16), args)
@@ -353,18 +357,17 @@ def _to_odd_single(builder, d):
     return builder.bitcast(odd, ir.FloatType())
 
 
-
 @intrinsic
 def _narrow(typingctx, v, like):
     """float64 ``v`` rounded once to the element type of array ``like``
     (uint16: float16, as bits)."""
     dtype = like.dtype
-    if isinstance(dtype, types.Integer) and dtype.bitwidth == 16 and _native_half():
+    if _is_half(dtype) and _native_half():
         def codegen(context, builder, signature, args):
             single = _to_odd_single(builder, args[0])
             return builder.bitcast(builder.fptrunc(single, ir.HalfType()),
                                    ir.IntType(16))
-    elif isinstance(dtype, types.Integer) and dtype.bitwidth == 16:
+    elif _is_half(dtype):
         def codegen(context, builder, signature, args):
             return context.compile_internal(
                 builder, _double_to_half.py_func, types.uint16(types.float64),
@@ -859,10 +862,18 @@ def _output(out, shape, dtype, *apart: np.ndarray) -> np.ndarray:
     return _bits(out.reshape(shape))
 
 
-def _deliver(result: np.ndarray, shape) -> np.ndarray:
-    """The loop's ``result`` (``out`` when one was given) in ``shape``, float16
-    bits as float16."""
+def _deliver(result: np.ndarray, out, shape) -> np.ndarray:
+    """What the caller gets: ``out`` when one was given (the loop wrote into
+    it), else the loop's ``result`` in ``shape``, float16 bits as float16."""
+    if out is not None:
+        return out
     return (result.view(_F16) if result.dtype == _U16 else result).reshape(shape)
+
+
+def _streams(out: np.ndarray, D: int) -> bool:
+    """Whether the loops write ``out`` with streaming stores: from
+    :data:`STREAM_BYTES` on, for rows of :data:`GROUP_FROM_D` or more."""
+    return out.nbytes >= STREAM_BYTES and D >= GROUP_FROM_D
 
 
 _THREADS_HINT = "threads is how many CPU threads run the loop."
@@ -991,14 +1002,14 @@ def forward(
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     g, b = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
     if x2.shape[0]:
-        stream = y.nbytes >= STREAM_BYTES and D >= GROUP_FROM_D
+        stream = _streams(y, D)
         _in_threads(_forward_rows, [
             (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream,
              y[a:e].ctypes.data, xhat[a:e].ctypes.data)
             for a, e in _split(x2.shape[0], threads)
         ])
-    y = y_out if y_out is not None else _deliver(y, x.shape)
-    xhat = xhat_out if xhat_out is not None else _deliver(xhat, x.shape)
+    y = _deliver(y, y_out, x.shape)
+    xhat = _deliver(xhat, xhat_out, x.shape)
     return y, make_cache(xhat, rstd.reshape(x.shape[:-1]), gamma)
 
 
@@ -1086,7 +1097,7 @@ def backward(
     dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
     if rows:
         args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1),
-                dx, dgamma, dbeta, dx.nbytes >= STREAM_BYTES, dx.ctypes.data)
+                dx, dgamma, dbeta, _streams(dx, D), dx.ctypes.data)
         chunks = -(-rows // CHUNK_ROWS)
         _in_threads(_backward_chunks,
                     [(*args, a, e) for a, e in _split(chunks, threads)])
@@ -1094,7 +1105,7 @@ def backward(
     dgamma, dbeta = dgamma.sum(axis=0), dbeta.sum(axis=0)
     pdt = cache.gamma.dtype
     return (
-        out if out is not None else _deliver(dx, cache.shape),
+        _deliver(dx, out, cache.shape),
         dgamma.astype(pdt),
         dbeta.astype(pdt),
     )

@@ -560,15 +560,9 @@ def test_an_error_in_another_thread_reaches_the_caller():
 
 
 @nb.njit
-def _narrow_all(d, out):
+def _narrow_all(d, out, by_bits):  # by_bits: the conversion without F16C
     for i in range(d.shape[0]):
-        out[i] = fused._narrow(d[i], out)
-
-
-@nb.njit
-def _narrow_all_by_bits(d, out):  # the conversion for CPUs without F16C
-    for i in range(d.shape[0]):
-        out[i] = fused._double_to_half(d[i])
+        out[i] = fused._double_to_half(d[i]) if by_bits else fused._narrow(d[i], out)
 
 
 def test_float16_outputs_are_rounded_once():
@@ -586,9 +580,9 @@ def test_float16_outputs_are_rounded_once():
                          1.5 * 2.0**-24, 2.0**-26]])
     d = np.concatenate([d, -d])
     got = np.empty(d.size, np.uint16)
-    _narrow_all(d, got)
+    _narrow_all(d, got, False)
     by_bits = np.empty(d.size, np.uint16)
-    _narrow_all_by_bits(d, by_bits)
+    _narrow_all(d, by_bits, True)
     with np.errstate(over="ignore"):
         want = d.astype(np.float16)
         twice = d.astype(np.float32).astype(np.float16)
@@ -596,7 +590,7 @@ def test_float16_outputs_are_rounded_once():
     assert np.array_equal(by_bits, want.view(np.uint16))
     assert np.count_nonzero(twice != want) > 1000  # what rounding twice gives
     nan = np.empty(1, np.uint16)
-    _narrow_all(np.array([np.nan]), nan)
+    _narrow_all(np.array([np.nan]), nan, False)
     assert np.isnan(nan.view(np.float16)).all()
 
 

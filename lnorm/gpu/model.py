@@ -425,12 +425,10 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     if direction == "forward" and rung != "v5":  # a row per group
         groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
         block = p.block
-    elif direction == "forward":  # v5's strips of its own, in v5's blocks
-        per_group = p.forward_rows_per_group
+    else:  # strips of rows, v5's groups in a block (v5's forward: its own strips)
+        per_group = (p.forward_rows_per_group if direction == "forward"
+                     else p.rows_per_group)
         groups = math.ceil(rows / per_group)
-        per_block, block = p.groups_per_block, p.backward_block or p.block
-    else:  # strips of rows, v5's groups in a block
-        groups, per_group = p.row_groups, p.rows_per_group
         per_block, block = p.groups_per_block, p.backward_block or p.block
     extra = p.partials_bytes if direction == "backward" else 0
     prefetch = (p.forward_shared_bytes if direction == "forward"
