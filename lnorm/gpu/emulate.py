@@ -371,7 +371,7 @@ def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
     Examples
     --------
     >>> from lnorm.gpu.kernels import plan
-    >>> p = plan(80, 64, np.float32, rung="v5")  # 5 warps' strips, 4 a block
+    >>> p = plan(40, 64, np.float32, rung="v5")  # 5 warps' strips, 4 a block
     >>> block_partials(np.ones((5, 64), np.float32), p)[:, 0].tolist()
     [4.0, 1.0]
     """

@@ -94,8 +94,11 @@ MAX_ROW_GROUPS = 4096
 #: is the same kernel; v5's takes strips of its own and prefetch (the same
 #: bits).
 RUNGS = ("v3", "v4", "v5")
-#: v5 — its strips are the shortest (16 rows, doubled) whose partial sums
-#: stay within this fraction of the bytes the backward must move...
+#: v5 — its strips are the shortest (1 row, doubled) whose partial sums
+#: stay within this fraction of the bytes the backward must move (a block
+#: writes one partial row, so v4's floor of MIN_ROWS_PER_GROUP is not
+#: needed; on an H100 and an H200 the floor left half the SMs idle at
+#: 8192 x 768)...
 PARTIALS_BUDGET = 0.05
 #: ... and are lengthened further to the shortest that fits the launch in one
 #: wave of this many threads: 128 SMs holding 512 threads each (at the
@@ -108,7 +111,7 @@ PARTIALS_BUDGET = 0.05
 #: GPU. (:func:`lnorm.gpu.kernels.wave_blocks` has the blocks.)
 WAVE_THREADS = 128 * 512
 #: v5's forward takes strips of its own (its bits do not depend on them): the
-#: shortest, from ``MIN_ROWS_PER_GROUP`` rows, that fit its launch in one wave
+#: shortest, from one row, that fit its launch in one wave
 #: of ``128 * LN_FWD_THREADS_PER_SM`` threads for its kernels of 16-byte
 #: vectors in registers (``__launch_bounds__`` holds them to 64 registers a
 #: thread, so that an SM holds 1024 of their threads, twice the backward's),
@@ -998,7 +1001,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     The backward of v5 (``rung="v5"``) puts as many row groups in a block as
     ``LN_MAX_ROW_THREADS`` threads hold (rows held by a block) or
     ``LN_WARPS_PER_BLOCK`` (rows held by a warp), and doubles the strip from
-    16 rows until the partial sums, one row per block, are at most
+    one row until the partial sums, one row per block, are at most
     :data:`lnorm.gpu.kernels.PARTIALS_BUDGET` of the bytes the backward must
     move (``x`` and ``dy`` read, ``dx`` written), then lengthens it to the
     shortest strip (any number of rows) that keeps the launch within one
@@ -1117,6 +1120,8 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         if per_block:
             groups_per_block = c["LN_MAX_ROW_THREADS"] // threads
             backward_block = groups_per_block * threads
+        if chunks == 1:  # a block's groups share one partial row: no floor
+            rows_per_group = 1
         # 16 bytes per column per partial row, against 3 * itemsize per element
         while 16 / (groups_per_block * rows_per_group) > (
                 PARTIALS_BUDGET * 3 * dtype.itemsize):
@@ -1127,7 +1132,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
             wave = wave_blocks(block, wave_threads)
             return math.ceil(rows / (groups_per_block * wave))
 
-        forward_rows_per_group = max(MIN_ROWS_PER_GROUP, one_wave(
+        forward_rows_per_group = max(1, one_wave(
             128 * c["LN_FWD_THREADS_PER_SM"] if chunks == 1 and vec > 1
             else WAVE_THREADS))
         forward_grid = math.ceil(math.ceil(rows / forward_rows_per_group)

@@ -7,11 +7,12 @@ On a machine with a CUDA device it
 2. measures the error against float64 as the row offset grows
    (:func:`lnorm.gpu.measure.offset_sweep`), the accuracy claim of the
    corrected mean;
-3. times the copy yardstick and every rung (the op-by-op CuPy version ``v1``
-   and the fused kernels ``v4``) at :data:`lnorm.gpu.measure.SHAPES`, each
-   time the median of
-   CUDA-event timings after warm-up, with L2 flushed before every timed call
-   for problems under 200 MB;
+3. times the copy yardstick and every rung (the op-by-op CuPy version
+   ``v1`` and the fused kernels ``v3``, ``v4`` and ``v5``) at
+   :data:`lnorm.gpu.measure.SHAPES`, each time the median of CUDA-event
+   timings of single calls after warm-up, queued while the GPU spins so that
+   the host's launch time is not counted, with L2 flushed before every
+   timed call for problems under 200 MB;
 
 and writes everything, with the device and the versions, as JSON.
 
@@ -21,9 +22,9 @@ used, so the command and its output format are tested on any machine.
 
 Other modes, for the device tools: ``--launch-only`` launches every kernel
 once at awkward shapes (the program ``compute-sanitizer`` watches) and
-``--profile ROWS D DTYPE`` runs the fused backward a few times at one shape
-(the program ``ncu`` profiles). Chapter 6 ("One kernel: fused layer norm on
-the GPU") reads the JSON a GPU run wrote.
+``--profile ROWS D DTYPE`` runs the fused forward and backward of ``--rung``
+a few times at one shape (the program ``ncu`` profiles). Chapter 6 ("One
+kernel: fused layer norm on the GPU") reads the JSON a GPU run wrote.
 
 Examples
 --------
@@ -42,6 +43,7 @@ import json
 import platform
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -53,7 +55,8 @@ from .ptx import entries
 
 __all__ = [
     "SHAPES", "DTYPES", "L2_FLUSH_BELOW", "COPY_BYTES", "source_digest", "ptx_digests",
-    "kernels_measured", "plan_launches", "dry_run", "copy_yardstick", "bit_checks",
+    "kernels_measured", "plan_changed", "plan_launches", "dry_run", "copy_yardstick",
+    "bit_checks",
     "offset_sweep", "time_rungs", "large_rows_check", "launch_only", "measure", "main",
 ]
 
@@ -290,6 +293,51 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
             return "ptx"
     return "changed"
 
+def plan_changed(data: dict) -> set[tuple]:
+    r"""The launches a measurement made that this build would plan differently.
+
+    A timing belongs to the kernels *and* to their launch: the grid, the
+    block and the strips. This compares each launch the measurement
+    recorded (``data["launches"]``) with :func:`plan_launches` today.
+
+    Parameters
+    ----------
+    data : dict
+        A measurement, as :func:`lnorm.gpu.measure.measure` writes it.
+
+    Returns
+    -------
+    set of tuple
+        ``(rows, D, dtype, rung)`` for every rung (``"v4"``, or one of its
+        ``rungs``) whose recorded launch differs from today's plan, or that
+        today's plan no longer makes.
+
+    Examples
+    --------
+    >>> run = dry_run("no GPU here")
+    >>> plan_changed(run)
+    set()
+    >>> run["launches"][0]["rungs"]["v5"]["forward_grid"] += 1
+    >>> sorted(plan_changed(run))
+    [(8192, 768, 'float32', 'v5')]
+    """
+    shapes = [(e["rows"], e["D"]) for e in data["launches"]]
+    dtypes = [e["dtype"] for e in data["launches"]]
+    now = {(e["rows"], e["D"], e["dtype"]): e
+           for e in plan_launches(sorted(set(shapes)), sorted(set(dtypes)))}
+    changed = set()
+    for e in data["launches"]:
+        key = (e["rows"], e["D"], e["dtype"])
+        today = now.get(key, {})
+        base = {k: v for k, v in e.items() if k != "rungs"}
+        if base != {k: v for k, v in today.items() if k != "rungs"}:
+            changed.add((*key, "v4"))
+        for rung, launch in e.get("rungs", {}).items():
+            if launch != today.get("rungs", {}).get(rung):
+                changed.add((*key, rung))
+    return changed
+
+
 def _header() -> dict:
     return {
         "date": datetime.date.today().isoformat(),
@@ -350,32 +398,59 @@ def _versions(cp) -> dict:
     }
 
 
+#: A kernel that keeps the GPU busy while the host queues the timed calls.
+_SPIN = r"""
+extern "C" __global__ void spin(long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) { }
+}
+"""
+
+
 class _Timer:
-    """Median of CUDA-event timings, each call alone, after warm-up."""
+    """Median of CUDA-event timings, each call alone, after warm-up.
+
+    Each call sits between two events, and every call is queued while the GPU
+    is held in a spin kernel: the host's time to launch (Python's, tens of
+    microseconds a call) then overlaps the GPU's work instead of being
+    counted in it, and the events time the GPU alone. A GPU that finished the
+    spin before the host had queued every call would count the host's time
+    again; ``queued_ahead`` records that it did not.
+    """
 
     def __init__(self, cp, repeat: int):
         self.cp = cp
         self.repeat = repeat
         # > the L2 of any GPU today
         self.scratch = cp.empty(256 * 2**20, dtype=cp.uint8)
+        self.spin = cp.RawKernel(_SPIN, "spin")
 
     def __call__(self, fn, *args, flush: bool) -> dict:
         cp = self.cp
+        t0 = time.perf_counter()
         for _ in range(3):
             fn(*args)
-        times = []
-        for _ in range(self.repeat):
+        host_s = (time.perf_counter() - t0) / 3  # per call, launches being async
+        cp.cuda.get_current_stream().synchronize()
+        # Twice the host's time to queue everything; 2.5e9 cycles a second is
+        # above any GPU's clock today, so the spin lasts at least that long
+        hold_s = min(1.0, 2 * self.repeat * (host_s + 50e-6) + 1e-3)
+        self.spin((1,), (1,), (np.int64(hold_s * 2.5e9),))
+        released = cp.cuda.Event()
+        released.record()
+        pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(self.repeat)]
+        for start, stop in pairs:
             if flush:
                 self.scratch.fill(1)
-            start, stop = cp.cuda.Event(), cp.cuda.Event()
             start.record()
             fn(*args)
             stop.record()
-            stop.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3)
+        queued_ahead = not released.done
+        pairs[-1][1].synchronize()
+        times = [cp.cuda.get_elapsed_time(a, b) * 1e-3 for a, b in pairs]
         return {"median_s": float(np.median(times)), "min_s": float(np.min(times)),
                 "max_s": float(np.max(times)), "repeat": self.repeat,
-                "l2_flushed": flush}
+                "l2_flushed": flush, "queued_ahead": queued_ahead}
 
 
 def copy_yardstick(cp, timer: _Timer) -> dict:
@@ -686,8 +761,8 @@ def launch_only(fused) -> int:
     Needs a GPU. Forward and backward at no rows, one element, rows shorter
     than a vector, and :data:`lnorm.gpu.check.SHAPES`, in every dtype of
     :data:`lnorm.gpu.measure.DTYPES`, and the backward of v3 and v5 where
-    the row fits in registers; nothing is compared: the sanitizer watches
-    the memory accesses.
+    the row fits in registers, and v5's forward; nothing is compared: the
+    sanitizer watches the memory accesses.
 
     Parameters
     ----------
@@ -697,7 +772,7 @@ def launch_only(fused) -> int:
     Returns
     -------
     int
-        Forward-backward pairs launched (v4; v3's and v5's backwards not
+        Forward-backward pairs launched (v4; v3's and v5's launches not
         counted).
 
     See Also
@@ -725,6 +800,8 @@ def launch_only(fused) -> int:
             stats = (out[k] for k in ("mean_hi", "mean_lo", "rstd"))
             args = (inp["dy"], inp["x"], inp["gamma"], *stats)
             for rung in _launchable(fused, rows, D, dtype):
+                if rung == "v5":  # v5 has a forward of its own too
+                    fused.forward(inp["x"], inp["gamma"], inp["beta"], rung=rung)
                 if rung != "v4":
                     fused.backward(*args, rung=rung)
     cp.cuda.get_current_stream().synchronize()
@@ -850,6 +927,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--launch-only", action="store_true")
     parser.add_argument("--profile", nargs=3, metavar=("ROWS", "D", "DTYPE"))
+    parser.add_argument("--rung", default="v4", choices=("v3", "v4", "v5"),
+                        help="the rung --profile runs (default v4)")
     args = parser.parse_args(argv)
 
     from .run import FusedLayerNorm, available
@@ -869,9 +948,13 @@ def main(argv=None) -> int:
         rows, D, dtype = int(args.profile[0]), int(args.profile[1]), args.profile[2]
         fused = FusedLayerNorm()
         inp = {k: cp.asarray(v) for k, v in check.make_inputs(rows, D, dtype).items()}
-        y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"])
+        fwd_rung = "v5" if args.rung == "v5" else "v4"  # v3 has v4's forward
         for _ in range(3):
-            fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
+            y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"],
+                                            rung=fwd_rung)
+        for _ in range(3):
+            fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd,
+                           rung=args.rung)
         cp.cuda.get_current_stream().synchronize()
         return 0
     else:
