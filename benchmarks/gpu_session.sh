@@ -54,13 +54,10 @@ import json, sys
 import cupy as cp
 from lnorm.gpu import measure
 from lnorm.gpu.run import FusedLayerNorm
-timer = measure._Timer(cp, 20)
 shapes = ((8192, 16384), (2048, 65536), (512, 65536), (32768, 1536), (1048576, 64))
-result = {"copy": measure.copy_yardstick(cp, timer)}
-result["timings"] = measure.time_rungs(cp, FusedLayerNorm(), timer, shapes,
-                                       rungs=("v4", "v5"))
+result = measure.time_shapes(cp, FusedLayerNorm(), measure._Timer(cp, 20), shapes,
+                             rungs=("v4", "v5"))
 for t in result["timings"]:
-    t["copy_share"] = t["bandwidth"] / result["copy"]["bandwidth"]
     print(t["rung"], t["direction"], t["rows"], t["D"], t["dtype"],
           f"{t['copy_share']:.2f}")
 json.dump(result, open(sys.argv[1], "w"), indent=1)

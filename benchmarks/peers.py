@@ -37,7 +37,7 @@ import triton
 import triton.language as tl
 
 from lnorm.gpu.check import make_inputs
-from lnorm.gpu.measure import L2_FLUSH_BELOW, SHAPES, _bytes
+from lnorm.gpu.measure import L2_FLUSH_BELOW, SHAPES, _bytes, hold_cycles
 
 EPS = 1e-5
 DTYPES = {
@@ -210,8 +210,7 @@ def timed(fn, *args, flush: bool, repeat: int) -> dict:
         fn(*args)
     host_s = (time.perf_counter() - t0) / 3
     torch.cuda.synchronize()
-    hold_s = min(1.0, 2 * repeat * (host_s + 50e-6) + 1e-3)
-    torch.cuda._sleep(int(hold_s * 2.5e9))  # cycles: above any GPU's clock today
+    torch.cuda._sleep(hold_cycles(host_s, repeat))
     released = torch.cuda.Event()
     released.record()
     pairs = [tuple(torch.cuda.Event(enable_timing=True) for _ in range(2))

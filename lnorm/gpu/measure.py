@@ -50,14 +50,22 @@ import numpy as np
 
 from ..cost import traffic
 from . import check, emulate
-from .kernels import KERNEL_FILES, REGISTER_FILES, compile_ptx, plan, rungs_for, source
+from .kernels import (
+    KERNEL_FILES,
+    REGISTER_FILES,
+    RUNGS,
+    compile_ptx,
+    plan,
+    rungs_for,
+    source,
+)
 from .ptx import entries
 
 __all__ = [
     "SHAPES", "DTYPES", "L2_FLUSH_BELOW", "COPY_BYTES", "source_digest", "ptx_digests",
     "kernels_measured", "plan_changed", "plan_launches", "dry_run", "copy_yardstick",
-    "bit_checks",
-    "offset_sweep", "time_rungs", "large_rows_check", "launch_only", "measure", "main",
+    "bit_checks", "offset_sweep", "hold_cycles", "time_rungs", "time_shapes",
+    "large_rows_check", "launch_only", "measure", "main",
 ]
 
 #: The timed shapes — 8192 rows of the widths of common transformers.
@@ -407,6 +415,18 @@ extern "C" __global__ void spin(long long cycles) {
 """
 
 
+def hold_cycles(host_s: float, repeat: int) -> int:
+    """Clock cycles to spin while ``repeat`` calls of ``host_s`` seconds of
+    host time each are queued: twice that time plus 1 ms, at most a second,
+    at 2.5e9 cycles a second, above any GPU's clock today, so that the spin
+    lasts at least that long. ``benchmarks/peers.py`` holds the GPU as long.
+
+    >>> hold_cycles(100e-6, 30) / 2.5e9  # 2 * 30 * 150 us + 1 ms
+    0.01
+    """
+    return int(min(1.0, 2 * repeat * (host_s + 50e-6) + 1e-3) * 2.5e9)
+
+
 class _Timer:
     """Median of CUDA-event timings, each call alone, after warm-up.
 
@@ -432,10 +452,7 @@ class _Timer:
             fn(*args)
         host_s = (time.perf_counter() - t0) / 3  # per call, launches being async
         cp.cuda.get_current_stream().synchronize()
-        # Twice the host's time to queue everything; 2.5e9 cycles a second is
-        # above any GPU's clock today, so the spin lasts at least that long
-        hold_s = min(1.0, 2 * self.repeat * (host_s + 50e-6) + 1e-3)
-        self.spin((1,), (1,), (np.int64(hold_s * 2.5e9),))
+        self.spin((1,), (1,), (np.int64(hold_cycles(host_s, self.repeat)),))
         released = cp.cuda.Event()
         released.record()
         pairs = [(cp.cuda.Event(), cp.cuda.Event()) for _ in range(self.repeat)]
@@ -695,6 +712,53 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
     return out
 
 
+def time_shapes(cp, fused, timer: _Timer, shapes=SHAPES,
+                rungs=("v1", "v3", "v4", "v5")) -> dict:
+    r"""Time the copy yardstick, then the rungs at ``shapes``, each timing with
+    its share of the copy's bandwidth.
+
+    Needs a GPU.
+
+    Parameters
+    ----------
+    cp : module
+        CuPy.
+    fused : lnorm.gpu.run.FusedLayerNorm
+        The kernels.
+    timer : callable
+        The run's timer.
+    shapes : sequence of (int, int), default SHAPES
+        ``(rows, D)`` pairs.
+    rungs : tuple of str, default ("v1", "v3", "v4", "v5")
+        As :func:`lnorm.gpu.measure.time_rungs` takes them.
+
+    Returns
+    -------
+    dict
+        ``copy`` (:func:`copy_yardstick`) and ``timings``
+        (:func:`time_rungs`, each with ``copy_share``).
+
+    See Also
+    --------
+    lnorm.gpu.measure.measure : Calls it at :data:`SHAPES`;
+        ``benchmarks/gpu_session.sh`` at the long rows too.
+
+    Examples
+    --------
+    >>> from lnorm.gpu.run import available
+    >>> if available()[0]:  # a GPU: every timing has its share
+    ...     import cupy as cp
+    ...     from lnorm.gpu.run import FusedLayerNorm
+    ...     out = time_shapes(cp, FusedLayerNorm(), _Timer(cp, 3), SHAPES[:1])
+    ...     assert all(0 < t["copy_share"] < 2 for t in out["timings"])
+    """
+    copy = copy_yardstick(cp, timer)
+    timings = time_rungs(cp, fused, timer, shapes, rungs=rungs)
+    for t in timings:
+        t["copy_share"] = t["bandwidth"] / copy["bandwidth"]
+    return {"copy": copy, "timings": timings}
+
+
 def large_rows_check(cp, fused, rows: int = 524_800, D: int = 4096) -> dict:
     r"""Check more than 2**31 elements (float16): 64-bit offsets, on sampled rows.
 
@@ -869,10 +933,7 @@ def measure(*, repeat: int = 20, quick: bool = False, large: bool = True) -> dic
         "emulation": offset_sweep((emulate.forward, emulate.backward)),
         "v1": offset_sweep((unfused_forward, unfused_backward)),
     }
-    result["copy"] = copy_yardstick(cp, timer)
-    result["timings"] = time_rungs(cp, fused, timer, shapes)
-    for t in result["timings"]:
-        t["copy_share"] = t["bandwidth"] / result["copy"]["bandwidth"]
+    result.update(time_shapes(cp, fused, timer, shapes))
     if large and not quick:
         result["large_rows"] = large_rows_check(cp, fused)
     return result
@@ -927,7 +988,7 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--launch-only", action="store_true")
     parser.add_argument("--profile", nargs=3, metavar=("ROWS", "D", "DTYPE"))
-    parser.add_argument("--rung", default="v4", choices=("v3", "v4", "v5"),
+    parser.add_argument("--rung", default="v4", choices=RUNGS,
                         help="the rung --profile runs (default v4)")
     args = parser.parse_args(argv)
 
@@ -948,10 +1009,9 @@ def main(argv=None) -> int:
         rows, D, dtype = int(args.profile[0]), int(args.profile[1]), args.profile[2]
         fused = FusedLayerNorm()
         inp = {k: cp.asarray(v) for k, v in check.make_inputs(rows, D, dtype).items()}
-        fwd_rung = "v5" if args.rung == "v5" else "v4"  # v3 has v4's forward
         for _ in range(3):
             y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"],
-                                            rung=fwd_rung)
+                                            rung=args.rung)
         for _ in range(3):
             fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd,
                            rung=args.rung)
