@@ -185,6 +185,16 @@ SPAN = 1024
 #: of 256, the requests took the backward at (4096, 1024) float32 from about
 #: 1.9 to 1.4 times the copy floor on the 2-core AMD EPYC of the 2026-11-26
 #: session; 64 and 1024 gained less (a burst of requests stalls the core).
+#: Tried on that machine in the 2026-11-26 afternoon session and slower
+#: (times / copy floor at (8, 512, 1024), same run): half of the next group
+#: prefetched during the first sweep and half during the second (1.62-1.89
+#: against 1.43-1.49); the prefetch two groups ahead (1.49-1.57 against
+#: 1.43-1.48); into L2 only, ``prefetcht1`` (1.76-1.78); the four rows' dx in
+#: one call (not vectorized, 2-5 times slower in cache); a row's dx in one
+#: call with its prefetch inside (1.57-1.63 against 1.44). In cache (rows in
+#: L2) the loop takes about 0.28 ns an element, as much as the copy floor's
+#: 0.31 out of cache: the backward's time is its arithmetic and the overlap of
+#: that arithmetic with memory, not the bytes.
 STEP = 256
 
 #: Rows per chunk of the backward. The loop runs chunk by chunk, and each
