@@ -20,32 +20,34 @@ schedules of the same arithmetic:
     ``dgamma``/``dbeta`` partial sums once per block.
 ``"fused"``
     One loop (CPU, :mod:`lnorm.fused`) or one kernel (GPU): each input read
-    once, each output written once, the rest in registers and L1.
+    once, each output written once, the rest in registers and the caches.
 
 Two levels
 ----------
 Every :class:`Traffic` has the bytes to and from **main memory**
-(``bytes_read``, ``bytes_written``) and the bytes of every load and store the
-program issues, **cache hits included** (``bytes_cached``). Op by op the two
-are equal. Tiled, main memory sees what the fused loop sees, but the caches
-still carry the whole op-by-op program: that is where a tiled NumPy
-schedule spends its time, at the caches' bandwidth instead of main memory's.
+(``bytes_read``, ``bytes_written``) and the bytes of every load and store
+the program issues, **cache hits included** (``bytes_cached``), plus the
+write-allocate reads when they are counted (below), since those lines come
+into the caches too. Op by op the two are equal. Tiled, main memory sees
+what the fused loop sees, but the caches still carry the whole op-by-op
+program: that traffic moves at the caches' bandwidth instead of main
+memory's, and it is part of what a tiled NumPy schedule spends its time on.
 
 Write-allocate
 --------------
 On a CPU, a plain store to a line that is not in cache first reads the line
 (write-allocate), so each full-size output costs a read as well as a write
-(``write_allocate=True``, counted in ``bytes_allocated``). Streaming
-(non-temporal) stores, which :mod:`lnorm.fused` uses for a large ``dx``, and
-GPU stores write without reading; the GPU chapter counts without it.
+(``write_allocate=True``, counted in ``bytes_allocated`` and in
+``bytes_cached``). Streaming (non-temporal) stores, which :mod:`lnorm.fused`
+uses for a large ``dx``, and GPU stores write without reading; the GPU
+chapter counts without it.
 
 The floor
 ---------
 The fused schedule's bytes divided by a copy bandwidth is the floor that
-:mod:`lnorm.bench` measures against: one core copying with ``np.copyto``
-(which uses streaming stores for large arrays), so neither write-allocate nor
-a second core is in it. Threads can beat it: two cores move more bytes per
-second than one.
+:mod:`lnorm.bench` measures against: one core copying with ``np.copyto``.
+The floor's bytes count no write-allocate read, and no second core is in
+it. Threads can beat it: two cores can move more bytes per second than one.
 
 Sizes: a full-size tensor has ``rows * D`` elements of ``itemsize`` bytes (a
 temporary of the op-by-op program has ``work_itemsize`` bytes if one is
@@ -74,9 +76,10 @@ What the backward needs saved (``saved``)
     its own backward anyway. This is Apex's ``memory_efficient=True``
     (NVIDIA/apex 25.09, ``apex/normalization/fused_layer_norm.py`` saves
     ``output``; ``csrc/layer_norm_cuda_kernel.cu`` divides by
-    ``clamp_by_magnitude(gamma, eps)``). The clamp keeps ``|gamma|`` at
-    least ``eps``, so where ``|gamma|`` is smaller the recovered ``xhat`` is
-    silently wrong instead of NaN (see :func:`cache_bytes`).
+    ``clamp_by_magnitude(gamma, eps)``). The clamp keeps the sign of
+    ``gamma`` and raises ``|gamma|`` to at least ``eps`` (``+eps`` at zero),
+    so where ``|gamma|`` is smaller the recovered ``xhat`` is silently wrong
+    instead of NaN (see :func:`cache_bytes`).
 ``"x"``
     Nothing but ``x``, which the residual stream keeps alive: the backward
     recomputes the statistics and ``xhat`` from it (recomputation, or
@@ -105,6 +108,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from .fused import CHUNK_ROWS, GROUP_FROM_D, GROUP_ROWS
 from .validate import check_int
 
 __all__ = [
@@ -345,10 +349,11 @@ class Traffic:
         full-size output). Zero for GPU counts and for streaming stores.
     bytes_cached : int
         The second level of the model: bytes of every load and store the
-        program issues, served by the caches or not. For the op-by-op
-        schedule it equals the main-memory traffic (every temporary streams
-        through memory); for the tiled and fused schedules it is far larger
-        than it, and it is what a tiled schedule's time is spent on.
+        program issues, served by the caches or not, plus
+        ``bytes_allocated`` (a write-allocate read passes through the caches
+        too). For the op-by-op schedule it equals the main-memory traffic
+        (every temporary streams through memory); for the tiled and fused
+        schedules it is far larger than it.
 
     See Also
     --------
@@ -599,7 +604,7 @@ def traffic(
                 bytes_written += extra_blocks * D * itemsize * len(params_out)
         else:
             loop_itemsize = work_itemsize if upcast else itemsize
-            cached = _fused_loop_bytes(direction, n, loop_itemsize)
+            cached = _fused_loop_bytes(direction, rows, D, loop_itemsize)
             if upcast:
                 # Converted copies: each full-size input read, written wide, read
                 # by the loop; each output written wide, read, written narrow.
@@ -618,21 +623,45 @@ def traffic(
         allocated = sum(
             size(nm) if schedule == "numpy" else n * itemsize for nm in full_writes
         )
+        cached += allocated
     return Traffic(flops, bytes_read, bytes_written, passes, rows, D, allocated, cached)
 
 
-def _fused_loop_bytes(direction: str, n: int, itemsize: int) -> int:
-    """Loads and stores of the fused CPU loops of :mod:`lnorm.fused` (per element).
+def _sweeps(rows: int, D: int) -> int:
+    """First sweeps of :func:`lnorm.fused.backward` over ``rows`` rows of ``D``.
+
+    Rows of :data:`lnorm.fused.GROUP_FROM_D` elements or more go in groups
+    of :data:`lnorm.fused.GROUP_ROWS`, within each chunk of
+    :data:`lnorm.fused.CHUNK_ROWS` rows, and the rows left over in a chunk
+    one by one; shorter rows all go one by one.
+    """
+    if D < GROUP_FROM_D:
+        return rows
+
+    def per_chunk(r: int) -> int:
+        return r // GROUP_ROWS + r % GROUP_ROWS
+
+    whole, rest = divmod(rows, CHUNK_ROWS)
+    return whole * per_chunk(CHUNK_ROWS) + per_chunk(rest)
+
+
+def _fused_loop_bytes(direction: str, rows: int, D: int, itemsize: int) -> int:
+    """Loads and stores of the fused CPU loops of :mod:`lnorm.fused`.
 
     forward: ``x`` read three times (sum, squared deviations, normalize),
     ``y`` and ``xhat`` written, ``gamma`` and ``beta`` read in float64;
     backward: ``dy`` and ``xhat`` read twice (row sums, then ``dx``), ``dx``
-    written, ``gamma`` read twice in float64, and the float64 ``dgamma`` and
-    ``dbeta`` accumulators read and written once per pair of rows.
+    written, ``gamma`` read in float64 once by the sweep that writes ``dx``
+    and once per first sweep (:func:`_sweeps`: one per group of
+    :data:`lnorm.fused.GROUP_ROWS` rows, or one per row), which also reads
+    and writes the float64 ``dgamma`` and ``dbeta`` accumulators.
     """
+    n = rows * D
     if direction == "forward":
         return n * (5 * itemsize + 2 * 8)
-    return n * (5 * itemsize + 2 * 8 + 2 * 2 * 8 // 2)
+    # gamma (8 bytes) read, and the two accumulators (8 bytes each) read and
+    # written, once per element of each first sweep.
+    return n * (5 * itemsize + 8) + _sweeps(rows, D) * D * (8 + 2 * 2 * 8)
 
 
 def cache_bytes(

@@ -5,7 +5,7 @@ import inspect
 import pytest
 
 import lnorm
-from lnorm import bench, cost
+from lnorm import bench, cost, fused
 
 # A tiny problem where every byte can be counted by hand:
 # rows = 2, D = 3, float32 (itemsize 4), per-row statistics in float64 (8).
@@ -146,9 +146,28 @@ def test_fused_loop_bytes_through_the_caches():
     # x read three times, y and xhat written (4 B each); gamma, beta read as float64.
     assert fwd.bytes_cached == n * (3 * 4 + 2 * 4 + 2 * 8) == 216
     bwd = cost.traffic("backward", "fused", **SMALL)
-    # dy, xhat read twice, dx written; gamma twice as float64; the float64
-    # dgamma and dbeta accumulators read and written once per pair of rows.
-    assert bwd.bytes_cached == n * (5 * 4 + 2 * 8 + 2 * 2 * 8 / 2) == 312
+    # D = 3 is too short for groups: every row has a first sweep of its own.
+    # dy, xhat read twice, dx written (4 B each); gamma read as float64 by both
+    # sweeps; the float64 dgamma and dbeta accumulators read and written once
+    # per row.
+    assert bwd.bytes_cached == n * (5 * 4 + 2 * 8 + 2 * 2 * 8) == 408
+
+
+def test_fused_backward_updates_accumulators_once_per_group_of_four():
+    # lnorm.fused takes rows of 768 elements or more four at a time, within
+    # chunks of 1024 rows; the rows left over in a chunk go one by one.
+    assert (fused.GROUP_ROWS, fused.GROUP_FROM_D, fused.CHUNK_ROWS) == (4, 768, 1024)
+    D = 1024
+    rows = 1024 + 9  # a whole chunk (256 groups), then 9 rows: 2 groups + 1 row
+    sweeps = 256 + 2 + 1
+    t = cost.traffic("backward", "fused", rows=rows, D=D, itemsize=4)
+    # Per element: dy, xhat read twice, dx written (4 B each), gamma read by the
+    # dx sweep (8 B). Per element of a first sweep: gamma read (8 B), dgamma and
+    # dbeta read and written (4 * 8 B).
+    assert t.bytes_cached == rows * D * (5 * 4 + 8) + sweeps * D * (8 + 32)
+    # At 767 elements the same rows go one by one.
+    short = cost.traffic("backward", "fused", rows=rows, D=767, itemsize=4)
+    assert short.bytes_cached == rows * 767 * (5 * 4 + 8 + 8 + 32)
 
 
 def test_write_allocate_reads_every_full_size_output_once():
@@ -161,6 +180,10 @@ def test_write_allocate_reads_every_full_size_output_once():
     # Op by op, every temporary written is also allocated: 6 in the backward.
     numpy = cost.traffic("backward", "numpy", write_allocate=True, **SMALL)
     assert numpy.bytes_allocated == 6 * FULL
+    # The allocated lines come into the caches too: counted at both levels.
+    assert numpy.bytes_cached == numpy.bytes == 360 + 200 + 6 * FULL
+    fused_wa = cost.traffic("backward", "fused", write_allocate=True, **SMALL)
+    assert fused_wa.bytes_cached == 408 + FULL
 
 
 def test_fused_float16_counts_its_converted_copies():
