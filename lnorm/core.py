@@ -38,8 +38,9 @@ Dtype policy
 float16, float32 and float64 inputs are accepted. Every statistic, the
 centring ``x - mean`` and every reduction are computed in float64, whatever
 the input dtype, and results are rounded once to the input dtype. A float32
-mean would carry an error of at least ``u32 * |mean|`` (``u32 = 2**-24``),
-which ``x - mean`` passes into every ``xhat`` as ``u32 * |mean| / std``; in
+mean would carry an error of up to about ``u32 * |mean|`` (``u32 = 2**-24``)
+from its rounding alone, which ``x - mean`` passes into every ``xhat`` as
+``u32 * |mean| / std``; in
 float64 that error is below float32's own rounding for any offset a float32
 row can carry (the chapter "Layer norm in low precision",
 ``book/04b_low_precision.md``, measures both).

@@ -67,9 +67,14 @@ What the backward needs saved (``saved``)
     keeps. The forward writes ``xhat`` as a second full-size output.
 ``"x_mean_rstd"``
     ``x`` with ``mean`` and ``rstd``; the backward recomputes
-    ``xhat = (x - mean) * rstd``. When ``x`` is kept alive anyway (the
-    residual stream of a transformer holds it), this costs two row vectors
-    instead of a whole extra activation, and the forward writes only ``y``.
+    ``xhat = (x - mean) * rstd``. This is what PyTorch's layer norm saves
+    (``tools/autograd/derivatives.yaml``: its backward takes the input,
+    the mean and rstd).
+    Nothing else in a transformer block saves ``x`` (the residual
+    addition's backward needs no input), so it holds a whole activation, as
+    ``xhat`` does, unless something else keeps ``x`` until the backward (an
+    activation checkpoint at the block's input); the forward writes only
+    ``y``.
 ``"y_rstd"``
     ``y`` with ``rstd``; the backward recovers ``xhat = (y - beta) / gamma``.
     ``y`` is the next layer's input, which that layer (a Linear) saves for
@@ -81,8 +86,8 @@ What the backward needs saved (``saved``)
     so where ``|gamma|`` is smaller the recovered ``xhat`` is silently wrong
     instead of NaN (see :func:`cache_bytes`).
 ``"x"``
-    Nothing but ``x``, which the residual stream keeps alive: the backward
-    recomputes the statistics and ``xhat`` from it (recomputation, or
+    Nothing but ``x``: the backward recomputes the statistics and ``xhat``
+    from it (recomputation, or
     checkpointing, as in Chen et al., 2016). The forward writes only ``y``;
     the backward pays the forward's statistics again, FLOPs but, fused, no
     extra bytes beyond reading ``x`` instead of ``xhat``.
@@ -685,9 +690,9 @@ def cache_bytes(
     stat_itemsize : int, default 4
         As in :func:`traffic`.
     kept_alive : collection of {"x", "y"}
-        Full-size tensors that stay alive until the backward anyway (``x`` in
-        a residual stream, ``y`` when the next layer saves its input); they
-        cost the cache nothing.
+        Full-size tensors that stay alive until the backward anyway (``y``
+        when the next layer saves its input, ``x`` when an activation
+        checkpoint holds it); they cost the cache nothing.
 
     Returns
     -------

@@ -251,7 +251,7 @@ def corrected_two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats
     In exact arithmetic this is the corrected two-pass formula of Chan, Golub and
     LeVeque (1983), ``(sum(d**2) - sum(d)**2 / D) / D`` with ``d = x - m_hi``. The
     ``D delta**2`` term of :func:`two_pass` is gone; what is left is of order
-    ``log2(D) u`` until ``kappa`` nears ``1 / u``. ``mean`` is ``m_hi + m_lo``
+    ``log2(D) u`` until ``kappa`` nears ``1 / (log2(D) u)``. ``mean`` is ``m_hi + m_lo``
     rounded to ``dtype``.
 
     Parameters
