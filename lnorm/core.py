@@ -112,8 +112,9 @@ def forward_formula(x, gamma, beta, eps: float = 1e-5):
     normalization, forward", ``book/01_forward.md``, explains each line).
 
     No validation and no dtype policy: every operation runs in the dtype
-    of ``x`` (as NumPy promotes it). It is complex-safe (``xc * xc``, never ``abs``), so
-    complex-step differentiation through it is exact.
+    NumPy's promotion of ``x`` with ``gamma``, ``beta`` and ``eps`` gives. It is
+    complex-safe (``xc * xc``, never ``abs``), so complex-step differentiation
+    through it has no cancellation and is accurate to rounding.
 
     Parameters
     ----------
@@ -310,7 +311,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def make_cache(
     xhat: np.ndarray, rstd: np.ndarray, gamma: np.ndarray
 ) -> LayerNormCache:
-    r"""Build the read-only cache of new ``xhat`` and ``rstd`` arrays and ``gamma``.
+    r"""Build the read-only cache from ``xhat``, ``rstd`` and ``gamma``.
 
     ``xhat`` and ``rstd`` are not copied: the cache holds read-only views of
     them, and the arrays passed in keep their flags. Pass arrays nobody else
@@ -407,7 +408,8 @@ def forward(
     Notes
     -----
     Statistics are two-pass (the mean, then the mean of squared deviations)
-    in float64. A constant row is exact: ``xhat == 0`` and ``y == beta``.
+    in float64. A constant row is exact: ``xhat == 0`` and ``y`` is ``beta``
+    rounded to the dtype of ``x``.
     The two schedules agree to float64 rounding before the final rounding
     to the dtype of ``x``. Non-finite values stay in their row.
 
@@ -497,7 +499,8 @@ def backward(
     dx : ndarray, shape and dtype of ``x``
         Gradient with respect to ``x`` (``out`` when given).
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
-        Summed over every leading axis (zero rows give zeros), in float64.
+        Summed over every leading axis (zero rows give zeros); accumulated
+        in float64, then rounded once to the dtype of ``gamma``.
 
     Raises
     ------

@@ -2,9 +2,9 @@ r"""Finite-difference estimates of a gradient, and the error against the step.
 
 Central differences and the complex step, with relative steps
 ``h_i = h * max(1, |a_i|)`` and the step actually taken after rounding; the
-step sweep that draws the U-curve of error against step. Theory: chapter 3,
-"Checking gradients"; :mod:`lnorm.gradcheck` compares these estimates with a
-hand-written gradient.
+step sweep that draws the U-curve of error against step. Theory: the chapter
+"Checking gradients" (``book/03_gradcheck.md``); :mod:`lnorm.gradcheck`
+compares these estimates with a hand-written gradient.
 
 Examples
 --------
@@ -33,14 +33,18 @@ __all__ = [
 
 #: The two estimates — central differences and the complex step.
 METHODS = ("central", "complex")
-#: Step of the complex-step method — its h**2 truncation error is below every
-#: floating-point number, and ``h * max(1, |a|)`` does not underflow.
+#: Step of the complex-step method — its relative truncation error, of order
+#: h**2, is far below the unit roundoff of every dtype, and ``h * max(1, |a|)``
+#: is a normal number even in complex64 (smallest normal about 1.2e-38).
 COMPLEX_STEP = 1e-30
 
 
 
 class StepTooSmallError(ValueError):
     r"""A step vanished: ``a_i + h_i`` rounds to ``a_i`` in the dtype.
+
+    For the complex step: the imaginary part ``h_i`` underflows to zero in
+    the complex dtype.
 
     See Also
     --------
@@ -227,8 +231,8 @@ def as_gradients(grads, others, what: str, name: str = "grads") -> list:
     array([1., 2.])
     """
     if not isinstance(grads, (list, tuple)):
-        raise TypeError(f"{name} must be a list with one gradient (or None) per "
-                        "argument.")
+        raise TypeError(f"{name} must be a list or tuple with one gradient (or None) "
+                        f"per argument; got {type(grads).__name__}.")
     if len(grads) != len(others):
         raise ValueError(f"{name} has {len(grads)} entries but {what} has "
                          f"{len(others)}; give one per argument of f (None skips one).")
@@ -258,8 +262,11 @@ def displaced(f, arrays: list, moves: dict, method: str):
     r"""The change of ``f`` along a displacement, and the displacement taken.
 
     Central: ``f(a + d) - f(a - d)``; complex step: ``Im f(a + i d)``, with the
-    displaced arguments rounded to their dtype (the displacement actually
-    taken is returned, so a quotient divides by what was really added).
+    displaced arguments rounded to their dtype (complex64 for float16 and
+    float32). The displacement actually taken is returned, so that a quotient
+    divides by what was really added: for central differences it is the whole
+    span ``fl(a + d) - fl(a - d)``, about ``2 d``; for the complex step the
+    rounded ``d``.
 
     Parameters
     ----------
@@ -273,12 +280,16 @@ def displaced(f, arrays: list, moves: dict, method: str):
 
     Returns
     -------
-    (float, dict of int to ndarray)
+    diff : float
+        ``f(a + d) - f(a - d)``, or ``Im f(a + i d)``.
+    taken : dict of int to ndarray
+        The float64 displacement taken for each key of ``moves``.
 
     Raises
     ------
     ValueError, TypeError
-        If ``f`` returns no scalar, or drops the imaginary part.
+        If ``f`` returns no scalar, drops the imaginary part, or returns a
+        complex number for real arguments.
 
     See Also
     --------
@@ -289,8 +300,8 @@ def displaced(f, arrays: list, moves: dict, method: str):
     >>> a = [np.array([1.0, 2.0])]
     >>> diff, taken = displaced(lambda a: (a**2).sum(), a, {0: np.array([1e-3, 0])},
     ...                         "central")
-    >>> round(float(diff / (2 * taken[0][0])), 6)
-    1.0
+    >>> round(float(diff / taken[0][0]), 6)  # d(a**2)/da at a = 1
+    2.0
     """
     if method == "central":
         sides = [[(a + sign * moves[k]).astype(a.dtype) if k in moves else a.copy()
@@ -308,7 +319,8 @@ def estimate(f, arrays: list, h: float, method: str, which) -> list:
 
     Element ``i`` of argument ``k`` moves by ``h * max(1, |a_i|)``
     (:func:`relative_steps`); the estimate divides the change of ``f`` by the
-    step actually taken (twice it, for central differences).
+    displacement actually taken (:func:`displaced`: about ``2 h_i`` for
+    central differences, ``h_i`` for the complex step).
 
     Parameters
     ----------
@@ -327,7 +339,9 @@ def estimate(f, arrays: list, h: float, method: str, which) -> list:
     Raises
     ------
     StepTooSmallError
-        If a step rounds away.
+        If a step rounds away (or underflows, for the complex step).
+    ValueError, TypeError
+        As :func:`displaced`.
 
     See Also
     --------
@@ -348,16 +362,23 @@ def estimate(f, arrays: list, h: float, method: str, which) -> list:
             move[i] = steps[i]
             diff, taken = displaced(f, arrays, {k: move}, method)
             if taken[k][i] == 0.0:
+                what = ("a + h rounds to a" if method == "central" else
+                        "the imaginary step underflows to zero")
                 raise StepTooSmallError(
-                    f"h = {h:.3g} is below the spacing of {a.dtype} at arrays[{k}]"
-                    f"{tuple(int(j) for j in i)}: a + h rounds to a. Use a larger h "
+                    f"h = {h:.3g} is too small for {a.dtype} at arrays[{k}]"
+                    f"{tuple(int(j) for j in i)}: {what}. Use a larger h "
                     f"(the default is {default_step(method, a.dtype):.2g}).")
             grad[i] = diff / taken[k][i]
     return out
 
 
 def central_difference(f: Callable, arrays, h: float | None = None) -> list:
-    r"""Central-difference gradient, ``(f(a + h_i e_i) - f(a - h_i e_i)) / step_i``.
+    r"""Central-difference gradient, ``(f(a + h_i e_i) - f(a - h_i e_i)) / s_i``.
+
+    ``h_i = h * max(1, |a_i|)`` and ``s_i = fl(a_i + h_i) - fl(a_i - h_i)``,
+    the span actually taken (``2 h_i`` before rounding). The error is about
+    ``h**2`` (truncation) plus ``u / h`` (rounding), smallest near
+    ``h = u**(1/3)``.
 
     Parameters
     ----------
@@ -431,12 +452,13 @@ def relative_error(grad, ref) -> tuple:
     r"""``(max_abs_error, max_rel_error, denominator, worst_index)`` of two arrays.
 
     ``max_rel_error = max|g - r| / max(max|g|, max|r|)``; a NaN counts as the
-    largest error.
+    largest error. Two empty arrays give ``(0.0, 0.0, 0.0, ())``.
 
     Parameters
     ----------
     grad, ref : array_like
-        Same shape.
+        Same shape. Not checked here (NumPy would broadcast):
+        :func:`as_gradients` checks it for the public functions.
 
     Returns
     -------
@@ -490,7 +512,7 @@ class StepSweep:
 
     @property
     def best_h(self) -> float:
-        r"""The step with the smallest error."""
+        r"""The step with the smallest error (ValueError if every one is NaN)."""
         return float(self.hs[np.nanargmin(self.max_rel_error)])
 
     @property
@@ -510,7 +532,9 @@ def step_sweep(f: Callable, arrays, hs, *, reference=None,
     hs : sequence of float
         Relative steps, each finite and > 0.
     reference : list of array_like or None, optional
-        One per argument (None skips one); default the float64 complex step.
+        One per argument (None skips one); default the complex step of ``f``
+        on the arguments in float64, which needs a complex-safe ``f``: pass
+        ``reference`` for any other.
 
     Returns
     -------
@@ -519,7 +543,8 @@ def step_sweep(f: Callable, arrays, hs, *, reference=None,
     Raises
     ------
     TypeError, ValueError
-        For bad arguments or steps.
+        For bad arguments or steps, or (default ``reference``) an ``f`` that
+        is not complex-safe. A step that rounds away gives NaN, not an error.
 
     See Also
     --------

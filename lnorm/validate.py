@@ -131,10 +131,10 @@ def as_rows(a, name: str) -> np.ndarray:
     --------
     >>> as_rows(np.zeros((0, 4)), "x").shape
     (0, 4)
-    >>> as_rows(np.zeros((3, 0)), "x")
+    >>> as_rows(np.zeros((3, 0)), "x")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    ValueError: x must have a last axis of length D >= 1; got D = 0.
+    ValueError: x must have a last axis of length D >= 1; got D = 0. ...
     """
     arr = as_float_array(a, name)
     if arr.ndim == 0:
@@ -144,7 +144,10 @@ def as_rows(a, name: str) -> np.ndarray:
             f"Reshape a single value to {name}.reshape(1, 1) if that is what you mean."
         )
     if arr.shape[-1] < 1:
-        raise ValueError(f"{name} must have a last axis of length D >= 1; got D = 0.")
+        raise ValueError(
+            f"{name} must have a last axis of length D >= 1; got D = 0. Rows lie "
+            "along the last axis: give each row at least one value, shape (..., D)."
+        )
     return arr
 
 
@@ -155,6 +158,7 @@ def as_dtype(value, name: str, allowed: tuple[np.dtype, ...], what: str) -> np.d
     ----------
     value : dtype-like
         Anything ``np.dtype`` accepts: ``np.float32``, ``"float32"``, a dtype.
+        As in NumPy, ``None`` means float64.
     name : str
         The argument's name, for the error message.
     allowed : tuple of numpy.dtype
@@ -246,7 +250,8 @@ def check_positive(value, name: str, example: str, why: str = "") -> float:
     Parameters
     ----------
     value : real number
-        Python or NumPy; ``bool`` is refused.
+        Python or NumPy; ``bool`` is refused. An integer too large for a
+        float raises the ``OverflowError`` of ``float(value)``.
     name : str
         The argument's name, for the error message.
     example : str
@@ -493,9 +498,11 @@ def check_out(out, name: str, shape: tuple[int, ...], dtype, *inputs) -> np.ndar
     TypeError
         ``out`` is not a NumPy array, or not of ``dtype``.
     ValueError
-        ``out`` is not of ``shape``, not C-contiguous, read-only, or shares
-        memory with one of ``inputs`` (the function would overwrite what it
-        has still to read).
+        ``out`` is not of ``shape``, not C-contiguous, read-only, or may
+        share memory with one of ``inputs`` (the function would overwrite what
+        it has still to read). The test is ``numpy.may_share_memory``,
+        which compares address ranges, so interleaved views of one buffer
+        are refused too.
 
     See Also
     --------
@@ -521,7 +528,10 @@ def check_out(out, name: str, shape: tuple[int, ...], dtype, *inputs) -> np.ndar
     if out.shape != tuple(shape):
         raise ValueError(f"{name} must have shape {tuple(shape)}; got {out.shape}.")
     if not out.flags.c_contiguous:
-        raise ValueError(f"{name} must be C-contiguous (np.empty gives one).")
+        raise ValueError(
+            f"{name} must be C-contiguous; pass a buffer made by "
+            f"np.empty({tuple(shape)}, np.{out.dtype.name})."
+        )
     if not out.flags.writeable:
         raise ValueError(
             f"{name} is read-only. An array held by a LayerNormCache is: "
@@ -572,9 +582,9 @@ def check_forward_out(out, x: np.ndarray):
     if out is None:
         return None, None
     if not isinstance(out, tuple) or len(out) != 2:
-        raise TypeError(
-            f"out must be a tuple (y, xhat) of two arrays; got {type(out).__name__}."
-        )
+        got = (f"a tuple of {len(out)}" if isinstance(out, tuple)
+               else type(out).__name__)
+        raise TypeError(f"out must be a tuple (y, xhat) of two arrays; got {got}.")
     y = check_out(out[0], "out[0] (y)", x.shape, x.dtype, x)
     xhat = check_out(out[1], "out[1] (xhat)", x.shape, x.dtype, x, y)
     return y, xhat

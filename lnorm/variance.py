@@ -13,7 +13,9 @@ Error bounds, relative to the variance, with ``u`` the unit roundoff of the
 accumulation dtype and ``kappa = sqrt(1 + mean**2 / var)`` the condition
 number (:func:`condition_number`). The sums here are NumPy's, pairwise along
 the row, so ``L = log2(D)`` stands where recursive summation would have ``D``
-(Chan, Golub and LeVeque 1983; Higham 2002):
+(Chan, Golub and LeVeque 1983; Higham 2002). ``L`` is the order of growth, not
+an exact count: NumPy sums blocks of up to 128 elements with eight interleaved
+accumulators and splits pairwise only above that:
 
 ``naive``
     ``mean(x**2) - mean(x)**2``: one pass, but the subtraction cancels;
@@ -35,10 +37,12 @@ the row, so ``L = log2(D)`` stands where recursive summation would have ``D``
     arithmetic (:class:`fractions.Fraction`), rounded once to float64.
 
 NumPy's ``sum`` along a contiguous axis is pairwise, and for float16 it adds
-in float32 internally and rounds the total once; elementwise operations
-(``x * x``, ``x - mean``) run in the accumulation dtype. The derivations and
-measurements are in chapter 4, The variance problem; low precision in
-chapter 5, Layer norm in low precision.
+in float32 internally and rounds the total once; along a strided axis it adds
+element by element in the dtype itself, so every function here first copies
+``x`` into C order. Elementwise operations (``x * x``, ``x - mean``) run in the
+accumulation dtype. The derivations and measurements are in the chapter
+"The variance problem" (``book/04_stability.md``); low precision in the chapter
+"Layer norm in low precision" (``book/04b_low_precision.md``).
 
 Examples
 --------
@@ -106,13 +110,15 @@ def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
         acc = as_dtype(dtype, "dtype", SUPPORTED_DTYPES,
                         "float16, float32 or float64 (the accumulation dtype)")
     # A copy even when the dtype already matches: inputs are never modified.
-    return x.astype(acc, copy=True)
+    # C order, so that every sum runs along a contiguous row (pairwise, float16
+    # added in float32) whatever the input's layout.
+    return x.astype(acc, order="C", copy=True)
 
 
 def naive(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
     r"""Textbook one-pass variance, ``var = mean(x**2) - mean(x)**2``.
 
-    Both means are of size ``mean**2 + var``; their difference is ``var``, so a
+    Both terms are of size ``mean**2 + var``; their difference is ``var``, so a
     rounding error of ``u (mean**2 + var)`` becomes a relative error of about
     ``u kappa**2``. Once ``kappa**2`` nears ``1/u`` the result can be zero or
     negative; it is returned as computed (no clamp), so that callers see it.
@@ -206,7 +212,8 @@ def corrected_mean(x: ArrayLike, dtype: DTypeLike | None = None
     the deviations from ``m_hi`` is minus ``m_hi``'s own error. Where the offset
     dominates the row, ``x - m_hi`` is exact (Sterbenz's lemma), so centring as
     ``(x - m_hi) - m_lo`` leaves an error of order ``u * std``, not
-    ``u * |mean|``. This is the mean of the fused GPU kernel (chapter 4).
+    ``u * |mean|``. This is the mean of the fused GPU kernel (the chapters
+    "The variance problem" and "One kernel: fused layer norm on the GPU").
 
     Parameters
     ----------
@@ -496,6 +503,9 @@ def exact(x: ArrayLike) -> RowStats:
         If ``x`` has no floating dtype.
     ValueError
         If ``x`` is 0-d, ``D = 0``, or ``x`` holds inf or nan.
+    OverflowError
+        If a row's variance exceeds the largest float64 (about 1.8e308);
+        the mean never does.
 
     See Also
     --------

@@ -251,6 +251,24 @@ def test_leading_axes_are_independent_rows(name):
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_memory_layout_does_not_change_the_result(name):
+    # A row of 4096 float16 ones: summed along a strided axis element by
+    # element in float16, the running sum stalls at 2048 (its spacing there is
+    # 2) and the mean comes out 0.5; summed along a contiguous row it is 1.
+    algorithm = ALGORITHMS[name]
+    x = np.ones((2, 4096), np.float16)
+    for layout in (np.asfortranarray(x), np.ones((4096, 2), np.float16).T):
+        out = algorithm(layout)
+        np.testing.assert_array_equal(out.mean, [1.0, 1.0])
+        np.testing.assert_array_equal(out.var, [0.0, 0.0])
+    rng = np.random.default_rng(5)
+    y = rng.normal(3.0, 1.0, (3, 1000)).astype(np.float32)
+    c, f = algorithm(y), algorithm(np.asfortranarray(y))
+    np.testing.assert_array_equal(c.mean, f.mean)
+    np.testing.assert_array_equal(c.var, f.var)
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_degenerate_shapes(name):
     algorithm = ALGORITHMS[name]
     one = algorithm(np.array([[2.5], [-1.0]]))
