@@ -19,8 +19,10 @@ backward:
 
 and, beside the ladder, ``default``: :func:`lnorm.forward` /
 :func:`lnorm.backward` with no options, which run the fused loop into new
-arrays. Its time over ``fused`` is the price of fresh memory (the operating
-system zeroes each new page when it is first written).
+arrays, on one thread. With ``--threads 1`` its time over ``fused`` is the
+price of fresh memory (the operating system zeroes each new page when it
+is first touched); with more threads it also includes the threads that
+``fused`` has and ``default`` does not.
 
 In every repetition, the **floor**: a copy (``np.copyto``) between two
 arrays of at least four times the last-level cache, which gives the copy
@@ -47,7 +49,7 @@ Examples
 >>> from lnorm import bench
 >>> bench.IMPLEMENTATIONS
 ('reference', 'tiled', 'fused')
->>> bench.floor_bytes("forward", (2, 4), np.float32)  # x in; y, xhat, rstd out
+>>> bench.floor_bytes("forward", (2, 4), np.float32)  # x, gamma, beta; y, xhat, rstd
 144
 """
 
@@ -330,9 +332,10 @@ def cache_sizes() -> dict[str, int]:
 def _page_aligned(nbytes: int) -> np.ndarray:
     """A float64 array of ``nbytes`` starting on a 4 KiB boundary.
 
-    glibc copies large blocks with ``rep movsb``, which some CPUs (AMD Zen)
-    run many times slower when source and destination are misaligned with
-    each other; aligning both makes the copy measure memory, not that.
+    glibc's ``memcpy`` may copy large blocks with ``rep movsb``, which some
+    CPUs (AMD Zen among them) run much slower when source and destination
+    are misaligned with each other; aligning both keeps the copy a measure
+    of memory, not of that.
     """
     buf = np.empty(nbytes + 4096, dtype=np.uint8)
     start = (-buf.ctypes.data) % 4096
@@ -346,7 +349,8 @@ def copy_arrays(min_bytes: int = 64 * MIB) -> tuple[np.ndarray, np.ndarray]:
     Each is ``max(4 x last-level cache, min_bytes)`` long and starts on a
     4 KiB page boundary; the source is filled with ones. Four times the
     last-level cache is large enough that the copy measures main memory.
-    Cached: every call in a process returns the same two arrays, since
+    Cached: every call in a process with the same ``min_bytes`` returns the
+    same two arrays, since
     allocating and first touching them takes seconds where the last-level
     cache is hundreds of MiB. Write into ``dst`` only.
 
@@ -628,7 +632,8 @@ def run(
         max, samples), ``floor_bytes``, ``copy_gbs`` (the copy bandwidth of
         the same repetitions, GB/s), ``gbs`` (floor bytes per median second),
         ``x_floor`` and ``speedup_vs_reference`` (medians over repetitions of
-        the ratio within a repetition), and ``block_rows`` for ``tiled``.
+        the ratio within a repetition), and ``block_rows`` (the block size
+        for ``tiled``, None for the others).
 
     Raises
     ------
@@ -636,7 +641,8 @@ def run(
         ``repeat``, ``threads`` or ``seed`` not an integer.
     ValueError
         ``repeat`` or ``threads`` below 1, a negative ``seed``, or a dtype
-        that is not float16, float32 or float64.
+        that is not float16, float32 or float64. A ``block_rows`` that
+        :func:`lnorm.forward` refuses raises its error once timing starts.
 
     See Also
     --------
@@ -870,7 +876,9 @@ def peak_bytes(fn: Callable[[], object]) -> int:
     r"""Measure the peak bytes allocated while ``fn()`` ran, its result included.
 
     Uses ``tracemalloc``, which sees NumPy's array allocations; the
-    count starts from what was allocated before the call.
+    count starts from what was allocated before the call. It starts
+    ``tracemalloc`` and stops it on return; a trace the caller had already
+    started is left running (its peak is reset for the measurement).
 
     Parameters
     ----------
@@ -891,14 +899,17 @@ def peak_bytes(fn: Callable[[], object]) -> int:
     >>> peak_bytes(lambda: np.ones(1_000_000)) >= 8_000_000
     True
     """
-    tracemalloc.start()
+    tracing = tracemalloc.is_tracing()  # a caller's trace is left running
+    if not tracing:
+        tracemalloc.start()
     try:
         tracemalloc.reset_peak()
         base = tracemalloc.get_traced_memory()[0]
         result = fn()
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
-        tracemalloc.stop()
+        if not tracing:
+            tracemalloc.stop()
     del result
     return int(peak)
 

@@ -39,8 +39,8 @@ On a CPU, a plain store to a line that is not in cache first reads the line
 (write-allocate), so each full-size output costs a read as well as a write
 (``write_allocate=True``, counted in ``bytes_allocated`` and in
 ``bytes_cached``). Streaming (non-temporal) stores, which :mod:`lnorm.fused`
-uses for a large ``dx``, and GPU stores write without reading; the GPU
-chapter counts without it.
+uses for large outputs (``dx``; ``y`` and ``xhat``), and GPU stores of whole
+sectors write without reading; the GPU chapter counts without it.
 
 The floor
 ---------
@@ -84,7 +84,7 @@ What the backward needs saved (``saved``)
     ``clamp_by_magnitude(gamma, eps)``). The clamp keeps the sign of
     ``gamma`` and raises ``|gamma|`` to at least ``eps`` (``+eps`` at zero),
     so where ``|gamma|`` is smaller the recovered ``xhat`` is silently wrong
-    instead of NaN (see :func:`cache_bytes`).
+    (at ``gamma = 0``: zero instead of NaN; see :func:`cache_bytes`).
 ``"x"``
     Nothing but ``x``: the backward recomputes the statistics and ``xhat``
     from it (recomputation, or
@@ -260,7 +260,7 @@ def numpy_program(
 ) -> tuple[Step, ...]:
     r"""List the op-by-op NumPy program whose traffic the ``"numpy"`` schedule counts.
 
-    One :class:`Step` per full-size operation: the lines of
+    One :class:`Step` per line (per NumPy expression): the lines of
     :func:`lnorm.core.forward_formula` for the forward; for the backward the
     steps that recover ``xhat`` from what was saved, then the lines of
     :func:`lnorm.core.backward_formula`.
@@ -351,7 +351,9 @@ class Traffic:
     bytes_allocated : int
         With ``write_allocate=True``: the lines a plain store to memory that
         is not in cache reads before it writes them (one extra read of every
-        full-size output). Zero for GPU counts and for streaming stores.
+        full-size tensor written to main memory: the outputs, and op by op
+        every temporary too). Zero with ``write_allocate=False`` (GPU
+        counts, streaming stores).
     bytes_cached : int
         The second level of the model: bytes of every load and store the
         program issues, served by the caches or not, plus
@@ -585,6 +587,7 @@ def traffic(
     step_writes = [nm for st in program for nm in st.writes]
     step_bytes = sum(size(nm) for nm in step_reads + step_writes)
 
+    wide_writes = 0  # full-size float copies at work_itemsize (fused, upcast)
     if schedule == "numpy":
         bytes_read = sum(size(nm) for nm in step_reads)
         bytes_written = sum(size(nm) for nm in step_writes)
@@ -620,14 +623,15 @@ def traffic(
                 bytes_written += conversions * wide
                 passes += 2 * conversions
                 cached += conversions * (n * itemsize + wide)
-                # The wide copies are written too.
-                full_writes = full_writes + full_in + full_writes
+                # The wide copies (of the inputs and of the outputs) are
+                # written too, at the working itemsize.
+                wide_writes = conversions
     allocated = 0
     if write_allocate:
         # One read of every full-size tensor a plain store writes to memory.
         allocated = sum(
             size(nm) if schedule == "numpy" else n * itemsize for nm in full_writes
-        )
+        ) + (wide_writes * n * work_itemsize if wide_writes else 0)
         cached += allocated
     return Traffic(flops, bytes_read, bytes_written, passes, rows, D, allocated, cached)
 
@@ -689,7 +693,7 @@ def cache_bytes(
         As in :func:`traffic`.
     stat_itemsize : int, default 4
         As in :func:`traffic`.
-    kept_alive : collection of {"x", "y"}
+    kept_alive : collection of {"x", "y"}, default ()
         Full-size tensors that stay alive until the backward anyway (``y``
         when the next layer saves its input, ``x`` when an activation
         checkpoint holds it); they cost the cache nothing.

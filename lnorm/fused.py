@@ -4,9 +4,9 @@ The NumPy functions of :mod:`lnorm.core` run the formula operator by
 operator, and every operator streams a whole tensor through main memory.
 Here the same arithmetic runs row by row in a loop that Numba compiles: a
 row is read from memory once, its reductions are accumulated in float64
-registers, and its outputs are written once while the row is still in the
-L1 cache. That is the schedule of the GPU kernels of the GPU chapter (one
-pass per row, both reductions in registers), on one CPU core.
+registers, and its outputs are written once while the row is still in
+cache. That is the schedule of the GPU kernels of the GPU chapter (one
+pass per row, both reductions in registers), on CPU cores.
 
 Per row of length ``D``:
 
@@ -25,11 +25,13 @@ Per row of length ``D``:
   cache, and asks memory for the next group's rows as it goes (software
   prefetch, :data:`STEP`).
 
-Same signatures, checks, errors, dtype policy and :class:`LayerNormCache`
-as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
+Same checks, errors, dtype policy and :class:`lnorm.core.LayerNormCache`
+as :func:`lnorm.core.forward` and :func:`lnorm.core.backward` (``threads=``
+takes the place of their ``block_rows=``):
 
 * every statistic and every reduction is accumulated in float64, whatever
-  the input dtype, and outputs are rounded once to the input dtype;
+  the input dtype; ``y``, ``xhat`` and ``dx`` are rounded once to the
+  input dtype, ``dgamma`` and ``dbeta`` once to the dtype of ``gamma``;
 * ``dgamma`` and ``dbeta`` are summed in float64 per block of
   :data:`BLOCK_ROWS` rows of a chunk of :data:`CHUNK_ROWS` rows (where rows
   go in groups of four, the four are added pairwise first), then across
@@ -45,31 +47,39 @@ as :func:`lnorm.core.forward` and :func:`lnorm.core.backward`:
 
 float16: Numba has no float16 arrays on the CPU, so the loops read and
 write float16 arrays as their bits (a ``uint16`` view) and convert each
-element in registers (``_wide``, ``_narrow``: integer operations on the
-bits, which LLVM vectorizes on any CPU): no converted copy of any tensor.
-An output is rounded from float64 to float16 once, to nearest.
+element in registers (``_wide``, ``_narrow``): with the CPU's conversion
+instructions where LLVM has them (x86 with F16C, 64-bit Arm), else with
+integer operations on the bits. No converted copy of any tensor is made.
+An output is rounded from float64 to float16 once, to nearest (ties to
+even).
 
-The large arrays allocated here (``xhat``, ``y``, ``dx``) start
-:data:`APART_BYTES` or more from the arrays they are streamed with, modulo
-4 KiB, so that rows of 4 KiB do not send every stream to the same address
-bits at once (see ``empty_apart``).
+The large arrays allocated here (``xhat``, ``y``, ``dx``, and C-ordered
+copies of non-contiguous inputs) start :data:`APART_BYTES` or more from the
+arrays they are streamed with, modulo 4 KiB, so that rows of 4 KiB do not
+send every stream to the same address bits at once (see
+:func:`empty_apart`).
 
 Large outputs (``dx``; ``y`` and ``xhat``) are written with non-temporal
-(streaming) stores: a plain store to memory that is not in cache first
-reads the line it writes (write-allocate), so a row written plainly moves
-twice its bytes; a streaming store writes the line without reading it. For
+(streaming) stores. On a CPU with write-back caches (x86 among them), a
+plain store to a line that is not in cache first reads the line
+(write-allocate), so a row written plainly moves twice its bytes; a
+streaming store goes through a write-combining buffer and, once the whole
+64-byte line is written, sends it to memory without reading it. For
 outputs that fit in the last-level cache with the inputs plain stores are
 faster (the next reader finds them in cache), so streaming is used from
 :data:`STREAM_BYTES` of output on, for rows of at least
-:data:`GROUP_FROM_D` elements. A span of output is then computed into a
-buffer in cache (in the backward, a buffer of four rows) and streamed out
-from there (a streaming store writes a whole 64-byte line at once).
+:data:`GROUP_FROM_D` elements (in the backward, the rows of a chunk left
+over after its groups of four are still stored plainly). A span of output
+is then computed into a buffer in cache (in the backward, a buffer of four
+rows) and streamed out from there in 64-byte vectors, one whole line each.
+The fence after them is the x86 intrinsic ``llvm.x86.sse.sfence``, and the
+measurements quoted in this module are from one x86-64 machine.
 
 Both functions take ``out=``, arrays to write into instead of new ones
 (allocate them with :func:`empty_apart`). A new array of many megabytes is
-fresh memory from the operating system, which zeroes each page when it is
-first written: a pass over the output that a training loop reusing its
-buffers does not pay.
+usually fresh memory from the operating system (glibc maps large blocks
+anew), which zeroes each page when it is first touched: a pass over the
+output that a training loop reusing its buffers does not pay.
 
 Both take ``threads=`` (default 1), the CPU threads that run the loop; the
 loops release the GIL. The forward gives each thread a contiguous range of
@@ -142,18 +152,21 @@ BLOCK_ROWS = 256
 #: elements. Four rows share one update of the ``dgamma``/``dbeta``
 #: accumulators and keep eight streams of reads in flight; at (4096, 1024)
 #: float32 this took the backward from about 1.1 to 0.8 ns per element on the
-#: 2-core machine the book is built on. Shorter rows ran slower in groups
-#: there, so they go one by one. The rows of a group are a quarter of the
+#: 2-core machine the book is built on (one measurement there, not a
+#: property of every CPU). Shorter rows ran slower in groups there, so they
+#: go one by one. The rows of a group are a quarter of the
 #: chunk apart (``q``, ``q + Q``, ``q + 2Q``, ``q + 3Q`` with ``Q = N // 4``,
 #: ``N`` the rows of the chunk, :data:`CHUNK_ROWS` or fewer):
 #: each of the four streams then runs on into the next row, where the
-#: hardware prefetcher already is, instead of into rows already read (about
-#: 10 % faster at (4096, 1024) than four neighbouring rows).
+#: hardware prefetcher is likely already fetching, instead of into rows
+#: already read (about 10 % faster at (4096, 1024) than four neighbouring
+#: rows, on the same machine).
 GROUP_ROWS = 4
 
 #: The shortest row that the backward takes in groups of :data:`GROUP_ROWS`,
 #: and that the loops write with streaming stores (from :data:`STREAM_BYTES`):
-#: at D = 64 streaming rows one by one took twice as long as plain stores.
+#: at D = 64 streaming rows one by one took twice as long as plain stores
+#: (on the book's machine).
 GROUP_FROM_D = 768
 
 #: Fast-math flags of the row loops — reassociation lets LLVM split a row's
@@ -170,12 +183,15 @@ FASTMATH = {"reassoc", "contract"}
 #: ``g = dy * gamma``: a row of length one would get a nonzero ``dx``.
 FASTMATH_DX = False
 
-#: Elements per step of the backward's sweeps over a group of rows, and per
-#: buffer of streamed output. Short enough that a step's spans stay in L1
-#: (32 KiB of ``dy`` and ``xhat`` in float32 for a group of 4 rows), long
-#: enough for whole vector loops and few steps: at (4096, 1024) float32,
-#: 1024 took the backward from about 0.54 to 0.47 ns per element against 256
-#: on the 2-core AMD EPYC of the 2026-11-26 session.
+#: Elements per step of the backward's first sweep over a row or a group of
+#: rows (the sums), and per buffer of the forward's streamed output (the
+#: backward streams in steps of :data:`STEP`). A step of a group touches
+#: 32 KiB of ``dy`` and ``xhat`` (four rows, float32) and 24 KiB of float64
+#: ``gamma``, ``dgamma`` and ``dbeta``, about one L1 data cache (48 KiB per
+#: core on the book's machine); long enough for whole vector loops and few
+#: steps. Chosen by measurement: at (4096, 1024) float32, 1024 took the
+#: backward from about 0.54 to 0.47 ns per element against 256 on the 2-core
+#: AMD EPYC of the 2026-11-26 session.
 SPAN = 1024
 
 #: Elements of ``dx`` per step of the backward's second sweep over a group,
@@ -184,7 +200,8 @@ SPAN = 1024
 #: without it main memory would idle while the core computes. Spread in steps
 #: of 256, the requests took the backward at (4096, 1024) float32 from about
 #: 1.9 to 1.4 times the copy floor on the 2-core AMD EPYC of the 2026-11-26
-#: session; 64 and 1024 gained less (a burst of requests stalls the core).
+#: session; 64 and 1024 gained less (presumably a burst of requests stalls
+#: the core; not measured directly).
 #: Tried on that machine in the 2026-11-26 afternoon session and slower
 #: (times / copy floor at (8, 512, 1024), same run): half of the next group
 #: prefetched during the first sweep and half during the second (1.62-1.89
@@ -193,8 +210,8 @@ SPAN = 1024
 #: one call (not vectorized, 2-5 times slower in cache); a row's dx in one
 #: call with its prefetch inside (1.57-1.63 against 1.44). In cache (rows in
 #: L2) the loop takes about 0.28 ns an element, as much as the copy floor's
-#: 0.31 out of cache: the backward's time is its arithmetic and the overlap of
-#: that arithmetic with memory, not the bytes.
+#: 0.31 out of cache: on that machine the backward's time is its arithmetic
+#: and the overlap of that arithmetic with memory, not the bytes.
 STEP = 256
 
 #: Rows per chunk of the backward. The loop runs chunk by chunk, and each
@@ -205,9 +222,10 @@ CHUNK_ROWS = 1024
 
 _F16 = np.dtype(np.float16)
 _U16 = np.dtype(np.uint16)  # how the loops see float16: its bits
-# A streaming store writes a whole 64-byte line (one AVX-512 register, or
-# two AVX ones where LLVM splits it): a few percent faster than 32-byte
-# halves on the book's machine.
+# Each streaming store the loops emit is a 64-byte vector, one whole cache
+# line (one AVX-512 store; LLVM splits it into two 32-byte AVX stores on a
+# CPU without AVX-512): a few percent faster than 32-byte vectors on the
+# book's machine (an AMD EPYC with AVX-512).
 _VECTOR_BYTES = 64
 
 
@@ -228,11 +246,12 @@ def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
 
 
 #: Bytes of an output (``dx``, or ``y``) from which the loops write with
-#: streaming stores: half the last-level cache. With the arrays it is
-#: streamed with the call then moves at least one and a half times the
-#: cache, so the rows written first are evicted by the rows read after them
-#: before anyone reads them back; a smaller output is better left in cache
-#: for its next reader.
+#: streaming stores: half the largest data cache of CPU 0 as Linux reports it
+#: (32 MiB when sysfs has no answer), taken as the last-level cache. With
+#: the arrays it is streamed with, the call then moves at least one and a
+#: half times the cache, so the rows written first are evicted by the rows
+#: read after them before anyone reads them back; a smaller output is better
+#: left in cache for its next reader.
 STREAM_BYTES = _last_level_cache_bytes() // 2
 
 
@@ -394,8 +413,9 @@ def _narrow(typingctx, v, like):
 #
 # Numba has no streaming store and no prefetch, so these intrinsics emit the
 # LLVM IR for them: a store of a 64-byte vector marked !nontemporal
-# (vmovntps/vmovntpd), the sfence that orders such stores before the
-# function returns, and llvm.prefetch (prefetcht0 on x86).
+# (vmovntps/vmovntpd/vmovntdq on x86), the x86 sfence that orders such
+# stores before the function returns, and llvm.prefetch (prefetcht0 on
+# x86).
 
 @intrinsic
 def _stream_vectors(typingctx, dst, dst_start, src, nvec):
@@ -802,16 +822,18 @@ def empty_apart(shape, dtype, *others: np.ndarray) -> np.ndarray:
 
     Notes
     -----
-    Why: large arrays start at the same place in a page (the allocator maps
-    them fresh), and when a row is a multiple of 4 KiB long (``D = 1024``
+    Why: large arrays start at the same place in a page (glibc maps them
+    fresh), and when a row is a multiple of 4 KiB long (``D = 1024``
     float32) element ``j`` of every row of every array then sits at the same
-    address modulo 4 KiB. Those are the bits that pick a line's L1 set (8 to
-    12 ways on x86 cores, against eight or more streams) and, on many
-    machines, the memory channel, so the loop's streams all hit the same one.
-    Arrays this module allocates (``xhat``, ``y``, ``dx`` and float16
-    conversions) are moved apart from the ones they are streamed with; at
-    (32768, 1024) float32 that took the backward loop from 1.34 to 1.00 ns
-    per element on the machine the book is built on.
+    address modulo 4 KiB. Those are the bits that pick a line's set in an
+    L1 data cache of 64 sets (typical x86 cores: 32 or 48 KiB, 8 to 12
+    ways, against eight or more streams), and the bits an x86 core compares
+    to tell a load from an earlier store ("4K aliasing"): the loop's
+    streams then all land in one L1 set and can alias each other. Arrays
+    this module allocates (``xhat``, ``y``, ``dx`` and C-ordered copies of
+    non-contiguous inputs) are moved apart from the ones they are streamed
+    with; at (32768, 1024) float32 that took the backward loop from 1.34 to
+    1.00 ns per element on the machine the book is built on.
 
     Examples
     --------
@@ -830,8 +852,9 @@ def empty_apart(shape, dtype, *others: np.ndarray) -> np.ndarray:
         distances = (min((t - a) % _PAGE, (a - t) % _PAGE) for a in taken)
         return min(distances, default=_PAGE)
 
-    # Each other rules out fewer than 2 * APART_BYTES / 64 = 8 of the 64
-    # line-aligned starts, so for up to seven others one is free.
+    # Each other rules out at most 2 * APART_BYTES / 64 = 8 of the 64
+    # line-aligned starts (7 when it is itself line-aligned), so for up to
+    # seven others at least 8 are free.
     starts = range(0, _PAGE, 64)
     target = next((t for t in starts if nearest(t) >= APART_BYTES), None)
     if target is None:
@@ -922,9 +945,10 @@ def forward(
     r"""Normalize each row over the last axis in one compiled pass per row.
 
     ``y = gamma * (x - mean) / sqrt(var + eps) + beta`` per row, as
-    :func:`lnorm.core.forward`, with the same arguments, checks, results
-    (to float64 rounding) and cache. :func:`lnorm.forward` calls this unless
-    it is given ``block_rows``.
+    :func:`lnorm.core.forward`, with the same checks, results (to float64
+    rounding before the final rounding to the dtype of ``x``) and cache;
+    ``threads`` instead of ``block_rows``. :func:`lnorm.forward` calls this
+    unless it is given ``block_rows``.
 
     Per row: ``mean = sum(x) / D`` and ``var = sum((x - mean)**2) / D`` in
     float64, ``rstd = 1 / sqrt(var + eps)``, then ``xhat = (x - mean) * rstd``
@@ -985,10 +1009,10 @@ def forward(
     The first call in a fresh process loads (or compiles) the Numba loops.
     From :data:`STREAM_BYTES` of output on, rows of :data:`GROUP_FROM_D`
     elements or more are written with streaming stores. A new output array
-    is memory the operating system has not handed out yet: the first store
-    to each page faults, and the kernel zeroes the page before the loop may
-    write it, a pass over the output the loop cannot avoid unless it is
-    given ``out``.
+    of many megabytes is usually memory the operating system has not handed
+    out yet (glibc maps large blocks anew): the first store to each page
+    faults, and the kernel zeroes the page before the loop may write it, a
+    pass over the output the loop cannot avoid unless it is given ``out``.
 
     Examples
     --------
@@ -1060,7 +1084,8 @@ def backward(
         Gradient with respect to ``x`` (``out`` when given).
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
         Summed in float64 per block of :data:`BLOCK_ROWS` rows of a chunk,
-        then over the blocks in order: the same bits on every call.
+        then over the blocks in order, and rounded once to the dtype of
+        ``gamma``: the same bits on every call and for any ``threads``.
 
     Raises
     ------
@@ -1074,17 +1099,17 @@ def backward(
     TypeError, ValueError
         ``threads`` not an integer, or below 1.
 
-    Notes
-    -----
-    From :data:`STREAM_BYTES` of ``dx`` on, rows of :data:`GROUP_FROM_D`
-    elements or more are written with streaming stores.
-
     See Also
     --------
     forward : Makes the cache.
     lnorm.core.backward : The library entry point; NumPy blocks with
         ``block_rows=``.
     lnorm.core.backward_formula : The same arithmetic as plain NumPy.
+
+    Notes
+    -----
+    From :data:`STREAM_BYTES` of ``dx`` on, rows of :data:`GROUP_FROM_D`
+    elements or more are written with streaming stores.
 
     Examples
     --------

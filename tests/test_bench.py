@@ -3,9 +3,11 @@ well formed, and the floor it divides by is the hand-counted byte count.
 (No timed assertions: timings are reported, never tested.)"""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
+from reference import chain_rule_backward, chain_rule_forward, max_rel_err
 
 import lnorm
 from lnorm import bench
@@ -189,6 +191,13 @@ def test_reference_works_in_the_input_dtype():
     y, saved = bench.reference_forward(x, gamma, beta)
     dx, dgamma, dbeta = bench.reference_backward(dy, saved, gamma)
     assert {a.dtype for a in (y, *saved, dx, dgamma, dbeta)} == {np.dtype(np.float32)}
+    # float32 arithmetic on rows of 8 centred values: within a few dozen u32
+    # (6e-8) of the float64 chain rule on the same stored values.
+    up = [a.astype(np.float64) for a in (x, gamma, beta, dy)]
+    y_ref, t = chain_rule_forward(*up[:3])
+    for got, want in zip((y, dx, dgamma, dbeta),
+                         (y_ref, *chain_rule_backward(up[3], up[1], t))):
+        assert max_rel_err(got, want) < 2e-6
 
 
 def test_make_inputs_is_seeded():
@@ -200,15 +209,70 @@ def test_make_inputs_is_seeded():
     assert not np.array_equal(a[0], c[0])
 
 
-def test_tile_sweep_returns_one_time_per_block():
+def _scripted_rounds(monkeypatch, seconds):
+    """time_round_robin replaced: each callable called once (its result kept in
+    ``seen``), and the seconds ``seconds(key)`` reported for its rounds."""
+    seen = {}
+
+    def fake(calls, repeat, seed=0):
+        seen.update({key: fn() for key, fn in calls.items()})
+        return {key: list(seconds(key)) for key in calls}
+
+    monkeypatch.setattr(bench, "time_round_robin", fake)
+    return seen
+
+
+def test_tile_sweep_returns_the_median_time_of_each_block(monkeypatch):
+    # On the real clock: one positive time per block size.
     times = bench.tile_sweep((2, 8, 16), np.float32, [1, 4, 16], repeat=1)
-    assert len(times) == 3 and all(t > 0 for t in times)
+    assert len(times) == 3 and all(0 < t < 10 for t in times)
+    # Scripted: the medians, in the order of block_rows, of the backward with
+    # that block size.
+    script = {1: [3.0, 1.0, 2.0], 4: [0.5, 0.25, 4.0], 16: [7.0, 9.0, 8.0]}
+    seen = _scripted_rounds(monkeypatch, script.get)
+    assert bench.tile_sweep((2, 8, 16), np.float32, [16, 1, 4], repeat=3) == [
+        8.0, 2.0, 0.5]
+    assert sorted(seen) == [1, 4, 16]
+    x, gamma, beta, dy = bench.make_inputs((2, 8, 16), np.float32)
+    want = lnorm.backward(dy, lnorm.forward(x, gamma, beta)[1])
+    for dx, dgamma, dbeta in seen.values():
+        assert max_rel_err(dx, want[0]) < 1e-6
+        assert max_rel_err(dgamma, want[1]) < 1e-6
+        assert max_rel_err(dbeta, want[2]) < 1e-6
 
 
-def test_size_sweep_reports_gbs_for_every_rung():
+def test_size_sweep_reports_floor_bytes_per_median_second(monkeypatch):
+    # On the real clock: one plausible rate per implementation and size.
     gbs = bench.size_sweep(16, [2, 64], np.float32, repeat=1)
     assert set(gbs) == set(bench.IMPLEMENTATIONS)
     assert all(len(v) == 2 and all(0 < g < 1e4 for g in v) for v in gbs.values())
+    # Scripted: GB/s = floor bytes x calls per sample / median seconds / 1e9.
+    # Backward float32, rows n of D = 16: dy, xhat, dx (3 n D 4 B), rstd (n 8 B),
+    # gamma, dgamma, dbeta (3 D 4 B). Calls per sample: 2e6 // (n D), from 1 to
+    # 200: 200 at n = 2 (62500), 5 at n = 25000 (400000 elements).
+    D, rows, inner = 16, [2, 25000], [200, 5]
+    medians = {impl: 1e-3 * (i + 1) for i, impl in enumerate(bench.IMPLEMENTATIONS)}
+    seen = _scripted_rounds(
+        monkeypatch, lambda impl: [medians[impl] / 2, medians[impl], 9.0])
+    gbs = bench.size_sweep(D, rows, np.float32, repeat=3)
+    for impl in bench.IMPLEMENTATIONS:
+        want = [(3 * n * D * 4 + n * 8 + 3 * D * 4) * k / medians[impl] / 1e9
+                for n, k in zip(rows, inner)]
+        assert gbs[impl] == pytest.approx(want, rel=1e-12)
+        assert len(seen[impl]) == inner[-1]  # the batch of the last size
+
+
+def test_peak_bytes_leaves_a_callers_trace_running():
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        assert bench.peak_bytes(lambda: np.ones(1000)) >= 8000
+        assert tracemalloc.is_tracing()
+    finally:
+        tracemalloc.stop()
+    bench.peak_bytes(lambda: None)
+    assert not tracemalloc.is_tracing()  # one it started, it stops
 
 
 def test_peak_bytes_sees_the_arrays_a_call_allocates():
@@ -230,6 +294,10 @@ def test_time_round_robin_shuffles_the_order():
 def test_cache_sizes_are_ordered_when_known():
     sizes = bench.cache_sizes()
     assert all(isinstance(v, int) and v > 0 for v in sizes.values())
+    sysfs = Path("/sys/devices/system/cpu/cpu0/cache")
+    if any(sysfs.glob("index*/size")):
+        # Linux with sysfs: at least a level-1 data cache of a plausible size.
+        assert 4 * 2**10 <= sizes["L1"] <= 2**20, sizes
     levels = [sizes[k] for k in ("L1", "L2", "L3") if k in sizes]
     assert levels == sorted(levels)
 

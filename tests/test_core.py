@@ -286,9 +286,20 @@ def test_backward_rejects_bad_input_with_a_clear_message():
 
 def test_array_likes_are_accepted():
     y, cache = forward([[1.0, 2.0, 4.0]], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])
-    dx, _, _ = backward([[1.0, 0.0, 0.0]], cache)
-    assert y.shape == dx.shape == (1, 3)
-    np.testing.assert_allclose(y.sum(), 0.0, atol=1e-12)
+    dx, dgamma, dbeta = backward([[1.0, 0.0, 0.0]], cache)
+    assert y.shape == dx.shape == (1, 3) and y.dtype == dx.dtype == np.float64
+    # By hand: mean 7/3, x - mean = (-4, -1, 5)/3, var = (16 + 1 + 25)/27 = 14/9.
+    y_hand = np.array([[-4.0, -1.0, 5.0]]) / 3 / np.sqrt(14 / 9 + EPS)
+    np.testing.assert_allclose(y, y_hand, rtol=1e-14, atol=0)
+    # The gradients equal those of the same values given as arrays, by the
+    # independent chain rule.
+    x = np.array([[1.0, 2.0, 4.0]])
+    _, t = chain_rule_forward(x, np.ones(3), np.zeros(3))
+    dx_ref, dgamma_ref, dbeta_ref = chain_rule_backward(np.array([[1.0, 0, 0]]),
+                                                        np.ones(3), t)
+    np.testing.assert_allclose(dx, dx_ref, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(dgamma, dgamma_ref, rtol=1e-12, atol=1e-15)
+    assert np.array_equal(dbeta, [1.0, 0.0, 0.0])
 
 
 # --- the NumPy schedules (block_rows=): tiles of the formula --------------------

@@ -197,6 +197,11 @@ def test_fused_float16_counts_its_converted_copies():
     assert conv.bytes_written == direct.bytes_written + 3 * wide
     assert conv.passes == direct.passes + 6
     assert conv.flops == direct.flops
+    # With write-allocate, each plain store to a full-size tensor reads it
+    # first: dx (6 elements x 2 B) and the three float32 copies (3 x 24 B).
+    wa = cost.traffic("backward", "fused", work_itemsize=4, write_allocate=True,
+                      **half)
+    assert wa.bytes_allocated == 6 * 2 + 3 * wide
 
 
 def test_tiled_backward_per_block_overhead():

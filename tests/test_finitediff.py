@@ -17,6 +17,23 @@ from lnorm.finitediff import (
 U64 = 2.0**-53
 
 
+# --- unit roundoff and default steps ---------------------------------------------
+
+
+def test_unit_roundoff_and_default_steps():
+    # u = 2**-53 and 2**-24 (half the machine epsilon); the central step that
+    # balances truncation (h**2) against rounding (u / h) is u**(1/3).
+    assert finitediff.unit_roundoff(np.float64) == U64 == np.finfo(np.float64).eps / 2
+    assert finitediff.unit_roundoff(np.float32) == 2.0**-24
+    assert finitediff.default_step("central", np.float64) == pytest.approx(
+        U64 ** (1 / 3), rel=1e-12
+    )
+    assert finitediff.default_step("central", np.float32) == pytest.approx(
+        2.0**-8, rel=1e-12
+    )
+    assert finitediff.default_step("complex") == 1e-30
+
+
 # --- central differences ----------------------------------------------------------
 
 

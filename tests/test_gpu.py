@@ -114,6 +114,9 @@ def test_constants_are_read_from_the_source():
     # v5 takes GPT-3's rows (12288), float32 and float16, as 16-byte vectors.
     assert kernels.max_D("v5") == C["LN_LONG_ELEMS_PER_THREAD"] * 512 == 12288
     assert C["LN_LONG_ELEMS_PER_THREAD"] % 8 == 0
+    assert kernels.max_D("v3") == kernels.max_D()
+    with pytest.raises(ValueError, match="rung must be one of"):
+        kernels.max_D("v9")
 
 
 @pytest.mark.parametrize(

@@ -7,15 +7,13 @@ import pytest
 from reference import smooth, smooth_grad
 
 import lnorm
-from lnorm import finitediff, gradcheck
+from lnorm import gradcheck
 from lnorm.finitediff import (
     central_difference,
     complex_step,
     step_sweep,
 )
 from lnorm.gradcheck import check_gradients, compare_gradients, directional_check
-
-U64 = 2.0**-53
 
 
 def sign_bug(grads, arrays, dy):
@@ -27,14 +25,9 @@ def sign_bug(grads, arrays, dy):
     wrong = grads[0] + 2 * rstd * xhat * (g * xhat).mean(axis=-1, keepdims=True)
     return [wrong, grads[1], grads[2]]
 
-def test_default_step_and_tolerances():
-    assert finitediff.unit_roundoff(np.float64) == U64
-    assert finitediff.unit_roundoff(np.float32) == 2.0**-24
-    assert finitediff.default_step("central", np.float64) == pytest.approx(
-        U64 ** (1 / 3)
-    )
-    assert finitediff.default_step("central", np.float32) == pytest.approx(2.0 ** (-8))
-    assert finitediff.default_step("complex") == 1e-30
+
+def test_default_tolerances():
+    # (The steps, lnorm.finitediff's, are tested in test_finitediff.py.)
     assert gradcheck.default_tolerance("central") == 1e-8
     assert gradcheck.default_tolerance("complex") == 1e-13
     assert gradcheck.default_tolerance("complex", directional=True) == 1e-12
@@ -136,6 +129,9 @@ def test_directional_check_is_reproducible_with_a_seeded_rng(ab):
     r1 = directional_check(smooth, g, ab, np.random.default_rng(7))
     r2 = directional_check(smooth, g, ab, np.random.default_rng(7))
     assert r1.numeric == r2.numeric and r1.analytic == r2.analytic
+    # ... and the direction is the rng's: another seed, another direction.
+    r3 = directional_check(smooth, g, ab, np.random.default_rng(8))
+    assert r3.analytic != r1.analytic and r3.passed
 
 
 # --- wrong gradients fail every method ------------------------------------------------
@@ -287,10 +283,14 @@ def test_inputs_unchanged_when_f_writes_into_its_arguments():
         a[...] = 0.0  # a badly behaved loss
         return value
 
-    central_difference(f, arrays)
-    directional_check(
+    # Each evaluation sees the unperturbed values but for its own step: the
+    # estimates are those of sum(a**2), 2a (exact for a quadratic, up to rounding).
+    est = central_difference(f, arrays)[0]
+    np.testing.assert_allclose(est, [2.0, 4.0, 6.0], rtol=1e-9)
+    r = directional_check(
         f, [2 * np.array([1.0, 2.0, 3.0])], arrays, np.random.default_rng(0)
     )
+    assert r.passed and r.rel_error < 1e-8
     assert np.array_equal(arrays[0], [1.0, 2.0, 3.0])
 
 
@@ -314,11 +314,14 @@ def test_directional_check_gives_f_copies_of_the_unperturbed_arguments(method):
 
 
 def test_layernorm_loss_copies_dy():
-    dy = np.ones((1, 4))
+    dy = np.array([[1.0, 0.0, 0.0, 0.0]])
     loss = gradcheck.layernorm_loss(dy)
     args = [np.array([[1.0, 2.0, 4.0, 8.0]]), np.full(4, 2.0), np.full(4, 0.5)]
     before = loss(*args)
-    dy[...] = 5.0
+    # By hand: L = sum(dy * y) = y_0 = 2 xhat_0 + 0.5, with mean 3.75,
+    # x_0 - mean = -2.75 and var = (2.75^2 + 1.75^2 + 0.25^2 + 4.25^2) / 4 = 7.1875.
+    assert before == pytest.approx(2 * -2.75 / np.sqrt(7.1875 + 1e-5) + 0.5, rel=1e-14)
+    dy[...] = 5.0  # would make L = 5 sum(y) = 10 if the loss kept a view of dy
     assert loss(*args) == before
 
 

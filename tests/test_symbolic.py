@@ -38,7 +38,16 @@ def test_prove_rejects_an_unknown_identity():
 def test_mean_path_term_is_zero_only_at_the_mean(D):
     dvar_dm, at_mean = S.mean_path_term(D)
     assert at_mean == 0
-    assert dvar_dm != 0  # nonzero away from the mean: the cancellation is real
+    # From var(x, m) = sum((x_k - m)**2) / D: d var / d m = -(2/D) sum(x_k - m),
+    # which is nonzero away from the mean: the cancellation is real.
+    names = {s.name: s for s in dvar_dm.free_symbols}
+    assert set(names) == {"m"} | {f"x_{k}" for k in range(1, D + 1)}
+    m = names["m"]
+    by_hand = -sp.Rational(2, D) * sum(names[f"x_{k}"] - m for k in range(1, D + 1))
+    assert sp.expand(dvar_dm - by_hand) == 0
+    assert dvar_dm.subs({names["x_1"]: m + 1}).subs(
+        {names[f"x_{k}"]: m for k in range(2, D + 1)}
+    ) == -sp.Rational(2, D)
 
 
 def test_residuals_are_zero_matrices_of_the_right_shape():

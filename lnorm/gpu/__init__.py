@@ -12,7 +12,7 @@ The kernels are the ``*.cu`` files next to this module:
   recomputed, both row reductions in one shuffle pass, ``dx`` written once;
   ``dgamma``/``dbeta`` summed per row group over its strip into a
   ``(row_groups, D)`` buffer, which a second kernel reduces in a fixed order:
-  deterministic, no atomics. Two more rungs of chapter 6's ladder, chosen
+  deterministic, no atomics. Two more rungs of the GPU chapter's ladder, chosen
   with ``rung=``: ``ln_bwd_atomic_*`` (v3) adds the column sums into
   ``dgamma`` and ``dbeta`` with ``atomicAdd``, in the order the groups
   finish; ``ln_bwd_grouped_*`` (v5) lets the row groups of a block add their
@@ -26,8 +26,8 @@ The kernels are the ``*.cu`` files next to this module:
   over the row, with the same order of every sum (the emulation covers them
   unchanged).
 
-Storage is float32 or float16; arithmetic is always float32. Chapter 6 ("One
-kernel: fused layer norm on the GPU") derives and measures them.
+Storage is float32 or float16; arithmetic is always float32. The chapter "One kernel:
+fused layer norm on the GPU" derives and measures them.
 
 What works where:
 

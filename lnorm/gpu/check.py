@@ -4,8 +4,8 @@ Used alike for the NumPy emulation (any machine), the op-by-op version and
 the kernels (on a GPU): all three take ``forward(x, gamma, beta)`` and
 ``backward(dy, x, gamma, mean_hi, mean_lo, rstd)``. Each function is a thin
 layer over what :mod:`lnorm` already has, keyed by name (``"x"``, ``"dx"``,
-...) so that outputs and the reference line up. Chapter 6 ("One kernel: fused
-layer norm on the GPU") runs these checks; the error measure is that of the
+...) so that outputs and the reference line up. The chapter "One kernel: fused layer
+norm on the GPU" runs these checks; the error measure is that of the
 gradient-check chapter.
 
 Examples
@@ -269,7 +269,7 @@ def error_bounds(D: int) -> dict[str, float]:
     terms of size ``rstd max|g|`` (``g = gamma dy``); the same count gives,
     relative to that scale, ``(2k + 12) u`` (the ``dx`` measure of
     :func:`lnorm.gpu.check.offset_errors`). Up to ``D = max_D()``, ``k <= 16 +
-    log2 D`` and both are of the form ``c u (1 + log2 D)``. Longer rows are
+    ceil(log2 D)`` and both are of the form ``c u (1 + log2 D)``. Longer rows are
     summed by 512 threads, the busiest adding ``vec * ceil(D / vec / 512)``
     elements in sequence, so there ``k = vec * ceil(D / vec / 512) + 10 <= 16
     ceil(D / 8192) + 10`` grows linearly in ``D`` (34 at ``D = 12288``, 138 at
@@ -277,8 +277,9 @@ def error_bounds(D: int) -> dict[str, float]:
     that is the point of the corrected mean. Measured errors sit far below (random
     rounding errors grow like ``sqrt(k)``, not ``k``).
 
-    Chapter 4 (numerical stability) explains the corrected mean; chapter 6
-    sets these bounds beside measured errors.
+    The chapters "The variance problem" and "Layer norm in low precision"
+    explain the corrected mean; "One kernel: fused layer norm on the GPU" sets
+    these bounds beside measured errors.
 
     Parameters
     ----------

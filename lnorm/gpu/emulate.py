@@ -11,8 +11,8 @@ in exactly that order, with the same launch plan
 ``--fmad=false`` and use correctly rounded division and square root, and
 NumPy's float32 arithmetic is IEEE round-to-nearest, so on a GPU the kernels
 and this emulation agree to the bit. Here it lets a machine without a GPU
-check the algorithm against :mod:`lnorm.core`. Chapter 6 ("One kernel: fused
-layer norm on the GPU") derives the order and checks the bits.
+check the algorithm against :mod:`lnorm.core`. The chapter "One kernel: fused layer
+norm on the GPU" derives the order and checks the bits.
 
 Examples
 --------
@@ -425,6 +425,9 @@ def backward(
     ------
     ValueError, TypeError
         Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
+    ValueError
+        ``order`` with a rung other than v3, or an ``order`` that is not a
+        permutation of the row groups.
 
     See Also
     --------

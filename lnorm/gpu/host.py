@@ -14,7 +14,7 @@ run in a process that preloads the sanitizer runtime:
 
 Compiled libraries are cached in ``$LNORM_CUDA_HOST_CACHE`` (default
 ``~/.cache/lnorm-cuda-host``), keyed by a hash of the sources and flags.
-Chapter 6 ("One kernel: fused layer norm on the GPU") says what this run
+The chapter "One kernel: fused layer norm on the GPU" says what this run
 checks and what only a GPU can.
 
 Examples
@@ -463,7 +463,9 @@ class HostLayerNorm:
         rung : {"v4", "v3", "v5"}, default "v4"
             The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds
             every group's column sums into dgamma and dbeta with atomicAdd
-            (here blocks run one at a time, so they add in launch order).
+            (here blocks run one at a time, in launch order, but the row
+            groups of one block run as threads at once and add in any
+            order; :func:`lnorm.gpu.check.atomic_check` allows for that).
 
         Returns
         -------

@@ -3,8 +3,8 @@ r"""The CUDA sources, their launch plan, and NVRTC compilation to PTX.
 Nothing here needs a GPU or a CUDA driver: the sources are text files next to
 this module, the launch plan is arithmetic, and
 :func:`lnorm.gpu.kernels.compile_ptx` calls NVRTC through
-``cupy.cuda.nvrtc``, which runs on the CPU. Chapter 6 ("One kernel: fused
-layer norm on the GPU") explains the kernels and their plan.
+``cupy.cuda.nvrtc``, which runs on the CPU. The chapter "One kernel: fused layer
+norm on the GPU" explains the kernels and their plan.
 
 Examples
 --------
@@ -85,7 +85,7 @@ MIN_ROWS_PER_GROUP = 16
 #: as many as that takes.)
 MAX_ROW_GROUPS = 4096
 
-#: The backward's rungs that are ``.cu`` kernels (chapter 6's ladder): ``"v3"``
+#: The backward's rungs that are ``.cu`` kernels (the GPU chapter's ladder): ``"v3"``
 #: adds the column sums into dgamma and dbeta with atomics (one launch, not
 #: deterministic); ``"v4"``, the default, writes one partial row per row
 #: group and sums them in a fixed order; ``"v5"`` adds the column sums of the
@@ -94,7 +94,8 @@ MAX_ROW_GROUPS = 4096
 #: is the same kernel; v5's takes strips of its own and prefetch (the same
 #: bits).
 RUNGS = ("v3", "v4", "v5")
-#: v5 — its strips are the shortest (1 row, doubled) whose partial sums
+#: v5 — its strips are the shortest (1 row, or LN_LONG_STRIP past ``max_D()``,
+#: doubled) whose partial sums
 #: stay within this fraction of the bytes the backward must move (a block
 #: writes one partial row, so v4's floor of MIN_ROWS_PER_GROUP is not
 #: needed; on an H100 and an H200 the floor left half the SMs idle at
@@ -110,12 +111,12 @@ PARTIALS_BUDGET = 0.05
 #: count: the plan, and so every bit of the result, stays the same on every
 #: GPU. (:func:`lnorm.gpu.kernels.wave_blocks` has the blocks.)
 WAVE_THREADS = 128 * 512
-#: v5's forward takes strips of its own (its bits do not depend on them): the
-#: shortest, from one row, that fit its launch in one wave
-#: of ``128 * LN_FWD_THREADS_PER_SM`` threads for its kernels of 16-byte
-#: vectors in registers (``__launch_bounds__`` holds them to 64 registers a
-#: thread, so that an SM holds 1024 of their threads, twice the backward's),
-#: of :data:`WAVE_THREADS` for its others.
+# v5's forward takes strips of its own (its bits do not depend on them): the
+# shortest, from one row, that fit its launch in one wave
+# of ``128 * LN_FWD_THREADS_PER_SM`` threads for its kernels of 16-byte
+# vectors in registers (``__launch_bounds__`` holds them to 64 registers a
+# thread, so that an SM holds 1024 of their threads, twice the backward's),
+# of WAVE_THREADS for its others.
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 #: The name of each rung's backward kernels, ``ln_<name>_{warp|block}_...``;
@@ -584,7 +585,8 @@ class LaunchPlan:
         v5's kernels of 16-byte vectors prefetch the next rows of ``x`` and
         ``dy`` into shared memory, one buffer per row in flight
         (:meth:`rows_in_flight`): ``rows_in_flight * 2 * 16 *
-        (LN_ELEMS_PER_THREAD / vec)`` bytes per thread. The other kernels
+        (LN_ELEMS_PER_THREAD / vec)`` bytes per thread
+        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()``). The other kernels
         take none.
 
         Returns
@@ -617,7 +619,8 @@ class LaunchPlan:
 
         v5's forward kernels of 16-byte vectors prefetch the next rows of
         ``x``, one buffer per row in flight: ``LN_FWD_ROWS_IN_FLIGHT * 16 *
-        (LN_ELEMS_PER_THREAD / vec)`` bytes per thread. The other kernels
+        (LN_ELEMS_PER_THREAD / vec)`` bytes per thread
+        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()``). The other kernels
         take none.
 
         Returns
@@ -877,7 +880,7 @@ def max_D(rung: str = "v4") -> int:
 
     Parameters
     ----------
-    rung : {"v4", "v5"}, default "v4"
+    rung : {"v3", "v4", "v5"}, default "v4"
         Whose limit. (v3's is ``max_D()``.)
 
     Returns
@@ -885,6 +888,11 @@ def max_D(rung: str = "v4") -> int:
     int
         The largest ``D`` whose row one block holds in registers, or (v5) the
         largest ``D`` v5's kernels take.
+
+    Raises
+    ------
+    ValueError
+        ``rung`` not in :data:`RUNGS`.
 
     See Also
     --------
@@ -895,6 +903,8 @@ def max_D(rung: str = "v4") -> int:
     >>> max_D(), max_D("v5")
     (8192, 12288)
     """
+    if rung not in RUNGS:
+        raise ValueError(f"rung must be one of {RUNGS}; got {rung!r}.")
     c = constants()
     per_thread = "LN_LONG_ELEMS_PER_THREAD" if rung == "v5" else "LN_ELEMS_PER_THREAD"
     return c[per_thread] * c["LN_MAX_ROW_THREADS"]
@@ -1001,12 +1011,12 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     The backward of v5 (``rung="v5"``) puts as many row groups in a block as
     ``LN_MAX_ROW_THREADS`` threads hold (rows held by a block) or
     ``LN_WARPS_PER_BLOCK`` (rows held by a warp), and doubles the strip from
-    one row until the partial sums, one row per block, are at most
-    :data:`lnorm.gpu.kernels.PARTIALS_BUDGET` of the bytes the backward must
-    move (``x`` and ``dy`` read, ``dx`` written), then lengthens it to the
-    shortest strip (any number of rows) that keeps the launch within one
-    wave of :data:`lnorm.gpu.kernels.WAVE_THREADS` threads. v3
-    has v4's strips. For
+    one row (``LN_LONG_STRIP`` rows past ``max_D()``) until the partial sums,
+    one row per block, are at most :data:`lnorm.gpu.kernels.PARTIALS_BUDGET`
+    of the bytes the backward must move (``x`` and ``dy`` read, ``dx``
+    written), then lengthens it to the shortest strip (any number of rows)
+    that keeps the launch within one wave of
+    :data:`lnorm.gpu.kernels.WAVE_THREADS` threads. v3 has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
     rows of 16-byte vectors up to ``max_D("v5")``.
@@ -1259,10 +1269,11 @@ def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,
     Raises
     ------
     ValueError
-        A shape that does not match, or one :func:`lnorm.gpu.kernels.plan`
-        refuses.
+        A shape that does not match, or a shape or rung
+        :func:`lnorm.gpu.kernels.plan` refuses.
     TypeError
-        A dtype that does not match, or statistics not float32.
+        A dtype other than float32 or float16, a dtype that does not match,
+        or statistics not float32.
 
     See Also
     --------

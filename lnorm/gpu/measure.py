@@ -12,7 +12,7 @@ On a machine with a CUDA device it
    :data:`lnorm.gpu.measure.SHAPES`, each time the median of CUDA-event
    timings of single calls after warm-up, queued while the GPU spins so that
    the host's launch time is not counted, with L2 flushed before every
-   timed call for problems under 200 MB;
+   timed call for problems under 200 MiB;
 
 and writes everything, with the device and the versions, as JSON.
 
@@ -23,8 +23,8 @@ used, so the command and its output format are tested on any machine.
 Other modes, for the device tools: ``--launch-only`` launches every kernel
 once at awkward shapes (the program ``compute-sanitizer`` watches) and
 ``--profile ROWS D DTYPE`` runs the fused forward and backward of ``--rung``
-a few times at one shape (the program ``ncu`` profiles). Chapter 6 ("One
-kernel: fused layer norm on the GPU") reads the JSON a GPU run wrote.
+a few times at one shape (the program ``ncu`` profiles). The chapter "One kernel:
+fused layer norm on the GPU" reads the JSON a GPU run wrote.
 
 Examples
 --------
@@ -369,8 +369,10 @@ def dry_run(reason: str) -> dict:
     Returns
     -------
     dict
-        The date, :func:`lnorm.gpu.measure.source_digest`, the Python and
-        NumPy versions, the host, ``gpu: False``, ``reason`` and ``launches``
+        The date, :func:`lnorm.gpu.measure.source_digest` with the files it
+        hashed (``source_files``), :func:`lnorm.gpu.measure.ptx_digests`
+        (``ptx_sha256``), the Python and NumPy versions, the host,
+        ``gpu: False``, ``reason`` and ``launches``
         (:func:`lnorm.gpu.measure.plan_launches`): what ``main`` writes as
         JSON on a machine without a GPU.
 
@@ -417,9 +419,10 @@ extern "C" __global__ void spin(long long cycles) {
 
 def hold_cycles(host_s: float, repeat: int) -> int:
     """Clock cycles to spin while ``repeat`` calls of ``host_s`` seconds of
-    host time each are queued: twice that time plus 1 ms, at most a second,
-    at 2.5e9 cycles a second, above any GPU's clock today, so that the spin
-    lasts at least that long. ``benchmarks/peers.py`` holds the GPU as long.
+    host time each are queued: twice that time, with 50 us a call more, plus
+    1 ms, at most a second, at 2.5e9 cycles a second, above any GPU's clock
+    today, so that the spin lasts at least that long. ``benchmarks/peers.py``
+    holds the GPU as long.
 
     >>> hold_cycles(100e-6, 30) / 2.5e9  # 2 * 30 * 150 us + 1 ms
     0.01
@@ -535,9 +538,11 @@ def bit_checks(fused) -> list[dict]:
     -------
     list of dict
         Per shape and dtype: ``rows``, ``D``, ``dtype``, ``bytes_differing``
-        (per output) and ``equal``; and, where the row fits in registers,
-        ``v3`` (:func:`lnorm.gpu.check.atomic_check` of the backward with
-        atomics) and ``v5_equal`` (v5's forward and backward, bit for bit).
+        (per output) and ``equal``; where the row fits in registers, ``v3``
+        (:func:`lnorm.gpu.check.atomic_check` of the backward with atomics);
+        and where v5 takes the shape and this GPU can launch it (rows past
+        registers too, :func:`lnorm.gpu.kernels.rungs_for`), ``v5_equal``
+        (v5's forward and backward, bit for bit).
 
     See Also
     --------
@@ -824,9 +829,10 @@ def launch_only(fused) -> int:
 
     Needs a GPU. Forward and backward at no rows, one element, rows shorter
     than a vector, and :data:`lnorm.gpu.check.SHAPES`, in every dtype of
-    :data:`lnorm.gpu.measure.DTYPES`, and the backward of v3 and v5 where
-    the row fits in registers, and v5's forward; nothing is compared: the
-    sanitizer watches the memory accesses.
+    :data:`lnorm.gpu.measure.DTYPES`, and the backward of v3 where the row
+    fits in registers, and v5's forward and backward where v5 takes the shape
+    and this GPU can launch it; nothing is compared: the sanitizer watches the
+    memory accesses.
 
     Parameters
     ----------

@@ -2,7 +2,7 @@ r"""A time model of the fused kernels: bytes, and the latency each row exposes.
 
 A memory-bound kernel runs at the bandwidth of DRAM only if enough bytes are
 *in flight*. Little's law says how many: bytes in flight = bandwidth x
-latency, about 3.0 TB/s x 0.8 us = 2.4 MB on an H100, some 18 KB per SM. The
+latency, about 3.0 TB/s x 0.6 us = 1.8 MB on an H100, some 14 KB per SM. The
 kernels here work row by row. A row group (a warp or a block) issues the loads
 of its row, waits for them, reduces (shuffles and barriers), writes, and only
 then starts the next row: per row it exposes the latency once. So one step
@@ -11,14 +11,14 @@ of a row group costs::
     t_row = C * b_row / B + L
 
 where ``C`` groups run at once on the whole GPU (limited by registers,
-threads and the grid), ``b_row`` is the bytes one row moves, ``B`` the copy
-bandwidth and ``L`` the exposed latency: the memory latency plus the row
-sums (three in the forward, one in the backward).
+threads, shared memory and the grid), ``b_row`` is the bytes one row moves,
+``B`` the copy bandwidth and ``L`` the exposed latency: the memory latency
+plus the row sums (three in the forward, one in the backward).
 The kernel takes ``ceil(groups / C) * rows_per_group`` such steps. The first
 term is the bytes; the second is what a design that keeps the next row's
 loads in flight hides. With the loads of ``k`` rows in flight (v5's backward
 prefetches the next row into shared memory: ``k = 2``, more where a warp
-holds a row), a group issues row
+holds a row; v5's forward ``k = 3``), a group issues row
 ``r + k - 1`` before it waits for row ``r``, so the memory is never idle for
 lack of requests and a step costs::
 
@@ -44,8 +44,8 @@ shared memory.
 
 Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
 chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
-real H100 measured, and chapter 6 ("One kernel: fused layer norm on the GPU")
-sets the two side by side. The bytes are those of the cost chapter
+real H100 (and an H200) measured, and the chapter "One kernel: fused layer
+norm on the GPU" sets the two side by side. The bytes are those of the cost chapter
 (:func:`lnorm.cost.traffic`, the fused schedule).
 
 Examples
@@ -133,14 +133,15 @@ class Device:
     shared_reserved: int = 1024  # per resident block
 
 
-#: An H100 SXM — 132 SMs, 3.0 TB/s copy bandwidth (as measured on one), 0.6 us
+#: An H100 SXM — 132 SMs, 3.0 TB/s copy bandwidth (as measured on one: the
+#: ``copy`` of ``book/data/gpu/h100-*.json``), and, chosen, not measured: 0.6 us
 #: DRAM latency under load, 0.25 us per block reduction, 0.05 us per warp one.
 H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6,
               block_reduction=0.25e-6, warp_reduction=0.05e-6)
 
 #: Registers per thread of the main kernels on sm_90, as ``ptxas -v`` reported
 #: them for the float32 variants of 16-byte vectors (``lnorm.gpu.ptx.ptxas_usage``;
-#: a test checks them, and chapter 6 prints every kernel's current values),
+#: a test checks them, and the GPU chapter prints every kernel's current values),
 #: which the model takes for every variant of 16-byte vectors.
 #: ``"fwd"``, ``"bwd"``: the kernels that hold the row in registers;
 #: ``"fwd_long"``, ``"bwd_long"``: those of longer rows; ``"bwd_atomic"``,
@@ -320,7 +321,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     r"""Predict the time of the fused forward or backward (both kernels) at one shape.
 
     ``time = steps * max(C * b_row / B, (C * b_row / B + L) / k)``, plus the
-    fill (``L`` per strip when ``k > 1``) and the launch overhead, with the
+    fill (``L`` per wave of strips when ``k > 1``) and the launch overhead, with the
     terms of the module docstring; the backward adds its second stage,
     reading the partial sums once at copy speed (optimistic for v4's
     second stage, whose threads have few loads in flight; v5's has four
@@ -368,9 +369,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     ------
     ValueError, TypeError
         A shape, dtype or rung :func:`lnorm.gpu.kernels.plan` refuses;
-        ``rows_per_group`` with the forward, or ``rows_per_group`` with a
-        row longer than :func:`lnorm.gpu.kernels.max_D` or below 1; or
-        ``registers`` more than one block of the plan can have.
+        ``rows_per_group`` with the forward, below 1, or with a row longer
+        than :func:`lnorm.gpu.kernels.max_D` (but for v5); or ``registers``
+        (or shared memory) more than one block of the plan can have.
 
     See Also
     --------

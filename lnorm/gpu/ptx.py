@@ -8,8 +8,8 @@ real ones and reports registers and spills.
 
 A load or store is attributed to the kernel argument its address comes from,
 by following the address register back to the ``ld.param.u64`` that loaded the
-pointer: address arithmetic only ever adds offsets to one pointer. Chapter 6
-("One kernel: fused layer norm on the GPU") reads the kernels this way.
+pointer: address arithmetic only ever adds offsets to one pointer. The chapter "One
+kernel: fused layer norm on the GPU" reads the kernels this way.
 
 Examples
 --------
@@ -68,7 +68,8 @@ class MemoryOp:
     argument : str
         The kernel argument the address derives from (``"?"`` if not exactly one).
     vector : int
-        Elements moved by the instruction (1, 2 or 4; 1 for a copy).
+        Elements moved by the instruction (1, 2, 4 or 8, from ``.v2``,
+        ``.v4``, ``.v8``; 1 for a copy).
     bits : int
         Bits per element (16 or 32; a copy's whole size, 32 to 128).
     in_loop : bool
@@ -112,7 +113,8 @@ class MemoryOp:
 
         Examples
         --------
-        >>> MemoryOp("st", "y", vector=8, bits=16, in_loop=True, offset=0).bytes
+        >>> # 8 float16 stored as four 32-bit words, as the kernels' PTX has it
+        >>> MemoryOp("st", "y", vector=4, bits=32, in_loop=True, offset=0).bytes
         16
         """
         return self.vector * self.bits // 8
@@ -133,7 +135,8 @@ class KernelPTX:
         Their PTX types: ``"u64"`` for a pointer, ``"u32"`` for an int,
         ``"f32"`` for a float.
     memory_ops : tuple of MemoryOp
-        Every global load and store.
+        Every global load and store, and every ``cp.async`` copy from
+        global memory.
     shared_bytes : int
         Static shared memory the kernel uses.
     local_bytes : int

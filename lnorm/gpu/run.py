@@ -5,8 +5,8 @@ versions (which also run on NumPy arrays) needs a CUDA device; each such
 entry point checks :func:`lnorm.gpu.run.available` first and raises
 ``RuntimeError`` with the reason when there is none, so nothing is ever
 launched on a CPU machine. CuPy is imported inside the functions: importing
-this module needs no CUDA. Chapter 6 ("One kernel: fused layer norm on the
-GPU") sets the kernels against the op-by-op version.
+this module needs no CUDA. The chapter "One kernel: fused layer norm on the
+GPU" sets the kernels against the op-by-op version.
 
 Examples
 --------
@@ -198,8 +198,9 @@ class FusedLayerNorm:
             Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
         RuntimeError
             A v5 launch whose prefetch buffers need more shared memory per
-            block than the device allows (on an A100, the float32 backward
-            of rows past ``max_D()``).
+            block than the device allows (none on an A100 or an H100: the
+            largest, the float32 forward of rows past ``max_D()``, takes
+            144 KiB).
 
         See Also
         --------
@@ -287,8 +288,9 @@ class FusedLayerNorm:
         r"""Run the fused backward, then the deterministic reduction of dgamma, dbeta.
 
         Two launches: the backward kernel writes ``dx`` and the
-        ``(partial_rows, D)`` partial sums, ``ln_bwd_reduce_params`` adds them
-        in a fixed order (no atomics). With ``rung="v3"``, the ladder's v3:
+        ``(partial_rows, D)`` partial sums, ``ln_bwd_reduce_params`` (v5:
+        ``ln_bwd_reduce_params_wide``) adds them in a fixed order (no
+        atomics). With ``rung="v3"``, the ladder's v3:
         zero ``dgamma`` and ``dbeta``, and one kernel adds every group's column
         sums into them with ``atomicAdd``, in the order the groups finish.
 
