@@ -8,7 +8,10 @@ lnorm.gpu.measure``, with the peers merged in), ``long.json`` and
 (in order, later ones filling only what is still missing) it adds the
 sanitizers' verdicts, ``ncu``'s metrics, the GPU tests' summary and the
 timings of ``long.json``, and writes ``<device>-<date>.json`` (``h100``,
-``h200``, ...) into ``--into``. Needs no GPU.
+``h200``, ...) into ``--into``; the device is the first A, H or B name of two
+or three digits in ``m.json``'s ``device`` (any other name stops with an
+error). ``--note`` may be repeated: each is a line of the file's ``notes``.
+Needs no GPU.
 """
 
 from __future__ import annotations

@@ -6,6 +6,13 @@
 #   OUT=results BUDGET=540 bash benchmarks/gpu_session.sh
 #   STEPS="measure peers" bash benchmarks/gpu_session.sh   # only these steps
 #
+# OUT defaults to gpu-session, BUDGET to 540 (less than the limits below add
+# up to: the last steps are skipped first). Steps, in order: env measure tests
+# memcheck peers ncu (every ncu_* profile) long racecheck synccheck initcheck.
+# Runs python3 as found, with PYTHONPATH=.: it needs NumPy, Numba, CuPy,
+# pytest, Hypothesis, PyTorch and Triton (the env step prints their versions),
+# and compute-sanitizer and ncu on PATH.
+#
 # Writes to $OUT: m.json (python -m lnorm.gpu.measure, with the peers merged
 # in), long.json (v4 and v5 at the shapes the model finds hardest) and
 # session.log (every step's output: tests, sanitizers, ncu's CSV).

@@ -3,7 +3,9 @@ design.
 
 
 This script is the one place in the project that imports PyTorch and Triton:
-``lnorm/`` and ``book/`` never do. It runs on a machine with a GPU::
+``lnorm/`` and ``book/`` never do, and ``requirements.txt`` does not install
+them (without them even ``--help`` fails on the import). It runs on a machine
+with a GPU::
 
     PYTHONPATH=. python benchmarks/peers.py --merge-into gpu-measurements.json
 
@@ -16,7 +18,7 @@ and adds to the JSON that ``python -m lnorm.gpu.measure`` wrote:
   lock, then a second kernel sums the partial rows), at the shapes of
   :data:`lnorm.gpu.measure.SHAPES` in float32, float16 and bfloat16, timed as
   ``lnorm.gpu.measure`` times the rungs (median of CUDA events, L2 flushed
-  under 200 MB);
+  under 200 MiB);
 * ``torch_reference``: PyTorch's ``y``, ``dx``, ``dgamma``, ``dbeta`` in
   float64 and float32 on one small seeded input, as lists, so the book can
   compare :mod:`lnorm` with an independent implementation without PyTorch.

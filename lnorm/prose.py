@@ -9,9 +9,9 @@ inline role ``{eval}`expression```, evaluated in the chapter's kernel:
   ``nb_render_markdown_format: myst``); JupyterLab shows it as text in the
   line, ``1.2 × 10⁻⁵``.
 
-An expression gives text, a Python ``int`` or a :class:`Sci`; a bare float
-would show all its digits (``np.float64(0.30000000000000004)``), so it is
-refused (see :func:`inline`).
+An expression gives text, a Python ``int`` or a :class:`Sci`; a float would
+show all its digits, and a NumPy scalar its type too
+(``np.float64(0.30000000000000004)``), so they are refused (see :func:`inline`).
 
 In JupyterLab, jupyterlab-myst evaluates the roles when a Markdown cell runs.
 For the site, the book's Sphinx hook (``book/_ext/lnorm_eval.py``) puts a
@@ -190,9 +190,10 @@ def sci(value: float, digits: int = 2) -> Sci:
     Parameters
     ----------
     value : float
-        Any real number; NaN and infinities print as such.
+        Any real number (NumPy scalars too, not ``bool``); NaN and infinities
+        print as such.
     digits : int, default 2
-        Significant digits of the mantissa ``a``.
+        Significant digits of the mantissa ``a`` (>= 1).
 
     Returns
     -------
@@ -270,7 +271,8 @@ def inline(value: object) -> Inline | Typeset:
     ----------
     value : str, int or Sci
         What an ``{eval}`` expression gave: text (an f-string formats a
-        number, ``f"{x:.2f}"``), a Python ``int`` or a :class:`Sci`.
+        number, ``f"{x:.2f}"``), a Python ``int`` (not a ``bool`` or a NumPy
+        integer) or a :class:`Sci`.
 
     Returns
     -------
@@ -281,8 +283,9 @@ def inline(value: object) -> Inline | Typeset:
     Raises
     ------
     TypeError
-        Anything else: a float, a NumPy scalar or array would show its
-        ``repr``, all digits and a type name; the message says how to format it.
+        Anything else (a float, a ``bool``, a NumPy scalar or array): it
+        would show its ``repr``, all digits and a type name; the message says
+        how to format it.
 
     See Also
     --------
@@ -295,7 +298,7 @@ def inline(value: object) -> Inline | Typeset:
     >>> inline(0.1 + 0.2)
     Traceback (most recent call last):
     ...
-    TypeError: inline: a float shows all its digits; format it, as f"{x:.3g}" or sci(x)
+    TypeError: inline: type float shows all its digits; format it: f"{x:.3g}" or sci(x)
     """
     if isinstance(value, Sci):
         return Typeset(value)
@@ -304,8 +307,8 @@ def inline(value: object) -> Inline | Typeset:
     if type(value) is int:
         return Inline(str(value))
     raise TypeError(
-        f"inline: a {type(value).__name__} shows all its digits; "
-        'format it, as f"{x:.3g}" or sci(x)'
+        f"inline: type {type(value).__name__} shows all its digits; "
+        'format it: f"{x:.3g}" or sci(x)'
     )
 
 
@@ -328,7 +331,8 @@ def glue(**values: object) -> None:
     Raises
     ------
     TypeError
-        A value that :func:`inline` refuses: the build stops at the cell.
+        A value that :func:`inline` refuses: the build stops at the cell
+        (values before it in the call are already glued).
     ModuleNotFoundError
         MyST-NB is not installed (it comes with the book's requirements).
 
@@ -357,6 +361,9 @@ def _cell(value: object, digits: int) -> str:
     v = float(value)
     if v == 0.0 or not math.isfinite(v):
         return f"{v:g}"
+    # Round first, then choose the form: 0.09999 to 3 digits is 0.100, and
+    # 9999.7 is 1.00 × 10⁴, not 10000.
+    v = float(f"{v:.{digits - 1}e}")
     if 1e-2 <= abs(v) < 1e4:
         return _fixed(v, digits)
     return str(Sci(v, digits))
@@ -384,14 +391,15 @@ class Table:
     title : str, default "Measurements"
         The line the reader clicks to open the table.
     digits : int, default 3
-        Significant digits of numbers.
+        Significant digits of numbers (an integer >= 1).
     open : bool, default False
         Show the table open instead of collapsed.
 
     Raises
     ------
     ValueError
-        A row whose length differs from the number of columns.
+        A row whose length differs from the number of columns, or ``digits``
+        not an integer >= 1.
 
     See Also
     --------
@@ -417,16 +425,21 @@ class Table:
                     f"table: a row has {len(r)} cells, "
                     f"but there are {len(self.columns)} columns"
                 )
+        if (not isinstance(digits, numbers.Integral) or isinstance(digits, bool)
+                or digits < 1):
+            raise ValueError(f"table: digits must be an integer >= 1, got {digits!r}")
         self.title = title
-        self.digits = digits
+        self.digits = int(digits)
         self.open = open
 
     def text(self) -> list[list[str]]:
         r"""Return the cells as the reader sees them.
 
-        Integers with thousands separators; other numbers with ``digits``
-        significant digits, as a × 10^k (Unicode) outside
-        ``0.01 <= |v| < 1e4``; anything else as ``str``.
+        Integers with thousands separators; zero, NaN and infinities as
+        ``format(v, "g")`` (``0``, ``nan``, ``inf``); other numbers with
+        ``digits`` significant digits, as a × 10^k (Unicode) outside
+        ``0.01 <= |v| < 1e4``; anything else, a ``bool`` or a :class:`Sci`
+        included (it keeps its own digits), as ``str``.
 
         Returns
         -------
@@ -488,7 +501,7 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]],
     title : str, default "Measurements"
         The line the reader clicks to open the table.
     digits : int, default 3
-        Significant digits of numbers.
+        Significant digits of numbers (an integer >= 1).
     open : bool, default False
         Show the table open instead of collapsed.
 
@@ -500,7 +513,8 @@ def table(columns: Sequence[str], rows: Iterable[Sequence[object]],
     Raises
     ------
     ValueError
-        A row whose length differs from the number of columns.
+        A row whose length differs from the number of columns, or ``digits``
+        not an integer >= 1.
 
     See Also
     --------

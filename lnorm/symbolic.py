@@ -16,16 +16,16 @@ book derives by hand::
 
 How the proofs stay fast
 ------------------------
-Every entry of these Jacobians is a polynomial in ``x`` times a power of
-``var + eps``. Instead of asking ``sympy.simplify`` to cancel square roots,
-each residual is rewritten in ``(x, s)`` with ``s = var(x) + eps``, i.e.
-``eps = s - var(x)``: for fixed ``x`` a one-to-one change of variable
-(``eps > 0`` exactly when ``s > var(x)``). Every square root is then a power of
-the single positive symbol ``s``, and ``sympy.expand`` decides whether the
-residual is zero: a sum of monomials in ``x_i``, ``gamma_i`` and powers of ``s``
-is zero exactly when every coefficient cancels. Each proof is for one concrete
-``D``; the book runs D = 2..6. The derivation itself is chapter 2, Deriving
-the backward.
+Every entry of these Jacobians is a sum of polynomials in ``x`` and ``gamma``
+times powers of ``var + eps``. Instead of asking ``sympy.simplify`` to cancel
+square roots, each residual is rewritten in ``(x, s)`` with
+``s = var(x) + eps``, i.e. ``eps = s - var(x)``: for fixed ``x`` a one-to-one
+change of variable (``eps > 0`` exactly when ``s > var(x)``). Every square root
+is then a power of the single positive symbol ``s``, and ``sympy.expand``
+decides whether the residual is zero: a sum of monomials in ``x_i``,
+``gamma_i`` and powers of ``s`` is zero exactly when every coefficient cancels.
+Each proof is for one concrete ``D``; the book runs D = 2..6. The derivation
+itself is in the chapter "Deriving the backward" (``book/02_derivation.md``).
 
 The NumPy half (:func:`jacobian_numpy`, :func:`backward_via_jacobian`) builds
 the dense D x D Jacobian of every row from the closed form: the *naive*
@@ -121,7 +121,7 @@ class LayerNormSymbols:
 
 @dataclass(frozen=True)
 class ForwardExprs:
-    r"""The forward of one row as SymPy expressions in ``x`` and ``epsilon``.
+    r"""The forward of one row as SymPy expressions in the symbols of a row.
 
     Parameters
     ----------
@@ -159,7 +159,7 @@ def _column(name: str, D: int, **assumptions) -> sp.Matrix:
 
 
 def symbols(D: int) -> LayerNormSymbols:
-    r"""The symbols ``x_i``, ``gamma_i``, ``beta_i``, ``dy_i`` (i = 1..D), ``epsilon``.
+    r"""The symbols ``x_i``, ``gamma_i``, ``beta_i``, ``dy_i``, ``epsilon`` and ``s``.
 
     Parameters
     ----------
@@ -319,7 +319,7 @@ def compact_jacobian(D: int) -> sp.Matrix:
 
     For display: entry ``(i, j)`` is
     ``gamma_i * rstd * (delta_ij - 1/D - xhat_i * xhat_j / D)``, the structure
-    chapter 2 derives.
+    the chapter "Deriving the backward" derives.
 
     Parameters
     ----------
@@ -624,9 +624,10 @@ def evaluate(
 ) -> np.ndarray:
     r"""Evaluate a SymPy expression or matrix at numbers, to 30 digits, as float64.
 
-    Every float64 input is converted exactly (a float64 is a binary fraction) and
-    the expression is evaluated by ``evalf`` with ``EVAL_DIGITS`` significant
-    digits: a reference accurate far beyond float64, independent of NumPy.
+    Every input is converted to float64 and then exactly to a rational (a
+    float64 is a binary fraction), and the expression is evaluated by ``evalf``
+    with ``EVAL_DIGITS`` (30) significant digits: a reference accurate far
+    beyond float64, independent of NumPy.
 
     Parameters
     ----------
@@ -634,6 +635,7 @@ def evaluate(
     sym : LayerNormSymbols
         The symbols ``expr`` is written in.
     x, gamma : array_like, shape (D,)
+        Exactly ``D`` values each (``D`` of ``sym``).
     eps : float
     beta, dy : array_like, shape (D,), optional
         Needed only when ``expr`` contains them.
@@ -642,6 +644,14 @@ def evaluate(
     -------
     ndarray of float64
         The shape of ``expr`` (a 0-d array for a scalar).
+
+    Raises
+    ------
+    ValueError
+        If an array given does not hold ``D`` values.
+    TypeError
+        If a symbol of ``expr`` is left without a value (``beta`` or ``dy``
+        omitted): SymPy cannot convert it to a float.
 
     See Also
     --------
@@ -654,11 +664,17 @@ def evaluate(
     2.0
     """
     values = {sym.eps: sp.Rational(float(eps))}
-    for column, arr in ((sym.x, x), (sym.gamma, gamma), (sym.beta, beta), (sym.dy, dy)):
+    named = (("x", sym.x, x), ("gamma", sym.gamma, gamma), ("beta", sym.beta, beta),
+             ("dy", sym.dy, dy))
+    for name, column, arr in named:
         if arr is not None:
-            values.update(
-                {s: sp.Rational(float(v)) for s, v in zip(column, np.ravel(arr))}
-            )
+            flat = np.ravel(arr)
+            if flat.size != len(column):
+                raise ValueError(
+                    f"evaluate: {name} has {flat.size} values, but the symbols are "
+                    f"for rows of D = {len(column)}"
+                )
+            values.update({s: sp.Rational(float(v)) for s, v in zip(column, flat)})
     if isinstance(expr, sp.MatrixBase):
         out = [
             [float(e.xreplace(values).evalf(EVAL_DIGITS)) for e in expr.row(i)]
@@ -693,7 +709,8 @@ def evaluate_vjp(
     TypeError
         If an array has no floating dtype.
     ValueError
-        If the shapes do not match or ``eps`` is not finite and > 0.
+        If ``x`` is 0-d, the shapes do not match, or ``eps`` is not finite
+        and > 0.
 
     See Also
     --------
@@ -779,8 +796,9 @@ def backward_via_jacobian(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""The naive backward: every row's D x D Jacobian, then ``dx = J^T dy``.
 
-    Same arguments and results as :func:`lnorm.backward` (``dx`` in float64), at
-    O(D**2) time and memory per row instead of O(D).
+    The ``(dy, cache)`` arguments and the results of :func:`lnorm.backward`, but
+    all three results in float64 (``lnorm.backward`` returns the input dtype),
+    at O(D**2) time and memory per row instead of O(D).
 
     Parameters
     ----------

@@ -35,7 +35,7 @@ direction: a true identity that needs a relation between two sums (such as
 ``Sum(x[k] - mu) = 0``, which step 1 gets by linearity) would be reported as
 not proved, never a false one as proved.
 
-The chapter that uses it: ``book/02_derivation.md`` (Deriving the backward).
+The chapter that uses it: "Deriving the backward" (``book/02_derivation.md``).
 
 Examples
 --------
@@ -73,7 +73,8 @@ class RowSums:
     D : sympy.Symbol
         The row length, a positive integer.
     i, j : sympy.Symbol
-        Free positions in the row (positive integers, at most ``D``).
+        Free positions in the row: declared positive integers;
+        :func:`expand_sums` assumes they are at most ``D``.
     x, gamma, beta, dy : sympy.IndexedBase
         The input row, scale, shift and upstream gradient: ``x[i]`` and so on.
     eps : sympy.Symbol
@@ -98,6 +99,18 @@ class RowSums:
     def row_sum(self, summand: sp.Expr, index: sp.Symbol) -> sp.Sum:
         r"""``Sum(summand, (index, 1, D))``: a sum over the row.
 
+        Parameters
+        ----------
+        summand : sympy.Expr
+            The term, usually in ``index``.
+        index : sympy.Symbol
+            The summation index, a positive integer symbol.
+
+        Returns
+        -------
+        sympy.Sum
+            Unevaluated.
+
         Examples
         --------
         >>> r = row_sums()
@@ -109,6 +122,16 @@ class RowSums:
     def xhat(self, index: sp.Expr) -> sp.Expr:
         r"""``(x[index] - mu) * rstd``.
 
+        Parameters
+        ----------
+        index : sympy.Expr
+            A position in the row, such as ``i``.
+
+        Returns
+        -------
+        sympy.Expr
+            With ``mu`` and ``rstd`` written out as sums over the row.
+
         Examples
         --------
         >>> r = row_sums()
@@ -119,6 +142,16 @@ class RowSums:
 
     def y(self, index: sp.Expr) -> sp.Expr:
         r"""``gamma[index] * xhat[index] + beta[index]``.
+
+        Parameters
+        ----------
+        index : sympy.Expr
+            As in :meth:`xhat`.
+
+        Returns
+        -------
+        sympy.Expr
+            The output of layer normalization at that position.
 
         Examples
         --------
@@ -236,9 +269,9 @@ def _opaque_sums(expr: sp.Expr) -> sp.Expr:
 def _in_s(expr: sp.Expr) -> sp.Expr:
     """``expr`` with its sums opaque, in ``s`` for ``eps``, expanded (steps 2 to 4).
 
-    Every root in ``expr`` whose base contains ``eps`` (every power, if there
-    is no root) has, once expanded and divided by its coefficient of ``eps``,
-    the same base ``eps + rest`` (``eps + var`` for layer norm);
+    For layer norm, every root in ``expr`` whose base contains ``eps`` (every
+    power, if there is no root) has, once expanded and divided by its
+    coefficient of ``eps``, the same base ``eps + rest`` (``eps + var``);
     ``eps = s - rest`` makes every such base a multiple of ``s``. When the
     bases differ, ``eps`` stays and ``sympy.expand`` decides alone. Any ``rest``
     free of ``eps`` gives a one-to-one change of variable, so the choice can
@@ -277,7 +310,7 @@ def _in_s(expr: sp.Expr) -> sp.Expr:
 
 
 def vanishes(expr: sp.Expr) -> bool:
-    r"""True when ``expr`` is zero for every ``D``, every row and every ``eps > 0``.
+    r"""True when ``expr`` is zero for every ``D``, row, position and ``eps > 0``.
 
     The four steps of the module docstring. ``False`` means "not shown", not
     "shown to be nonzero" (see there).
@@ -319,16 +352,18 @@ def general_residual(name: str) -> sp.Expr:
     r"""One identity of the book, for every ``D``, as an expression that must vanish.
 
     With ``N_ij = d xhat[i] / d x[j]`` and ``d y[i] / d x[j]`` computed by
-    ``sympy.diff``, ``g = gamma * dy`` and ``delta`` the Kronecker delta:
+    ``sympy.diff``, ``g = gamma * dy`` (``dy`` the upstream gradient) and
+    ``delta`` the Kronecker delta:
 
-    * ``"closed_form"``: ``dy_i/dx_j - gamma_i rstd (delta_ij - 1/D -
+    * ``"closed_form"``: ``d y_i / d x_j - gamma_i rstd (delta_ij - 1/D -
       xhat_i xhat_j / D)``;
     * ``"symmetric"``: ``N_ij - N_ji``;
     * ``"shift"``: ``sum over j of N_ij``;
     * ``"scale"``: ``sum over j of N_ij xhat_j - rstd eps / (var + eps)
       xhat_i``;
-    * ``"compact_vjp"``: ``sum over i of dy_i dy_i/dx_j - rstd (g_j -
-      mean(g) - xhat_j mean(g xhat))``;
+    * ``"compact_vjp"``: ``sum over i of dy_i * (d y_i / d x_j) - rstd (g_j -
+      mean(g) - xhat_j mean(g xhat))``, the derivative of the loss
+      ``sum(dy * y)`` against the compact ``dx_j``;
     * ``"mean_path"``: ``d/dm sum((x_k - m)**2) / D`` at ``m = mu``.
 
     Parameters

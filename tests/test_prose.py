@@ -116,3 +116,17 @@ def test_glue_hands_checked_values_to_myst_nb(monkeypatch):
     }
     with pytest.raises(TypeError):
         glue(d=np.float64(0.5))
+
+
+def test_table_rounds_before_it_chooses_the_form():
+    # 0.09999 to three digits is 0.100 (three digits, not four), and 9999.7
+    # rounds to 10000, which is past the fixed-point range: a power of ten.
+    cells = table(["a"], [[0.09999], [9999.7], [0.0123456], [123.456]]).text()
+    assert cells == [["0.100"], [str(sci(1e4, 3))], ["0.0123"], ["123"]]
+    assert "×" in str(sci(1.5e4, 3))
+
+
+@pytest.mark.parametrize("digits", [0, -1, 2.5, True])
+def test_table_refuses_digits_that_are_not_a_positive_integer(digits):
+    with pytest.raises(ValueError, match="table: digits"):
+        table(["a"], [[1.5]], digits=digits)

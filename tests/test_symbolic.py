@@ -251,3 +251,14 @@ def test_latex_uses_book_notation():
         and r"\varepsilon" in out
         and r"\hat{x}_{1}" in out
     )
+
+
+def test_evaluate_refuses_arrays_of_the_wrong_length():
+    f = S.forward_exprs(2)
+    assert float(S.evaluate(f.mu, f.sym, x=[1.0, 3.0], gamma=[1.0, 1.0],
+                            eps=1e-5)) == 2.0
+    for kw in (dict(x=[1.0, 3.0, 5.0], gamma=[1.0, 1.0]),
+               dict(x=[1.0], gamma=[1.0, 1.0]),
+               dict(x=[1.0, 3.0], gamma=[1.0, 1.0, 1.0])):
+        with pytest.raises(ValueError, match="rows of D = 2"):
+            S.evaluate(f.mu, f.sym, eps=1e-5, **kw)
