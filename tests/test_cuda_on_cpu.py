@@ -155,8 +155,14 @@ def test_second_stages_equal_emulation_bit_for_bit(host, kernel, slices):
     assert emulate.reduce_partials(part, other).tobytes() != want.tobytes()
 
 
+def _slow_from(D: int, longest: int) -> tuple:
+    """The slow marker for rows longer than ``longest``: a few seconds each on
+    the CPU, they run with the slow tests (`make slow`), not the unit tests."""
+    return (pytest.mark.slow,) if D > longest else ()
+
+
 @pytest.mark.parametrize("rows, D, dtype", [
-    pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}")
+    pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}", marks=_slow_from(D, 4096))
     for rows, D, dt in (
         *((rows, D, dt) for rows, D in GROUPED_SHAPES for dt in (F32, F16)),
         *GROUPED_LONG_CASES,
@@ -191,7 +197,10 @@ def test_atomic_backward_v3(host, rows, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
-@pytest.mark.parametrize("rows, D", SHAPES)
+@pytest.mark.parametrize("rows, D", [
+    pytest.param(rows, D, id=f"{rows}-{D}", marks=_slow_from(D, 16384))
+    for rows, D in SHAPES
+])
 def test_source_on_cpu_equals_emulation_bit_for_bit(host, rows, D, dtype):
     p = kernels.plan(rows, D, dtype)
     if rows > p.rows_per_group:
