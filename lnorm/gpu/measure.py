@@ -301,6 +301,7 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
             return "ptx"
     return "changed"
 
+
 def plan_changed(data: dict) -> set[tuple]:
     r"""The launches a measurement made that this build would plan differently.
 
@@ -726,15 +727,7 @@ def time_shapes(cp, fused, timer: _Timer, shapes=SHAPES,
 
     Parameters
     ----------
-    cp : module
-        CuPy.
-    fused : lnorm.gpu.run.FusedLayerNorm
-        The kernels.
-    timer : callable
-        The run's timer.
-    shapes : sequence of (int, int), default SHAPES
-        ``(rows, D)`` pairs.
-    rungs : tuple of str, default ("v1", "v3", "v4", "v5")
+    cp, fused, timer, shapes, rungs
         As :func:`lnorm.gpu.measure.time_rungs` takes them.
 
     Returns
