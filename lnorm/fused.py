@@ -218,6 +218,17 @@ SPAN = 1024
 #: L2) the loop takes about 0.28 ns an element, as much as the copy floor's
 #: 0.31 out of cache: on that machine the backward's time is its arithmetic
 #: and the overlap of that arithmetic with memory, not the bytes.
+#: Tried in the evening session of the same day, also slower (same run, at
+#: (4096, 1024)): a share of the next group prefetched evenly through the
+#: first sweep as well (a quarter: 1.54 against 1.37; 40 %: 1.61-1.72
+#: against 1.37-1.56); only dy, only xhat, or only the first half of each
+#: row prefetched (1.60-1.76 against 1.34-1.48); rows one at a time,
+#: streamed, prefetching one or two rows ahead (1.51-1.73 against
+#: 1.29-1.50); the next row's sums and this row's dx in one loop (2.9-4.9).
+#: Loops that only move the bytes (add two rows, stream the sum out) show
+#: what the access pattern alone costs there: rows in order 1.0 times the
+#: floor, four rows a quarter apart in one sweep 1.11-1.15, those rows one
+#: at a time 1.35-1.43.
 STEP = 256
 
 #: Rows per chunk of the backward. The loop runs chunk by chunk, and each
