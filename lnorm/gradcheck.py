@@ -44,7 +44,8 @@ __all__ = [
 # losses is about one decade for float16 central differences, two for the rest.
 _TOLERANCES = {"central": dict(zip(SUPPORTED_DTYPES, (1e-1, 1e-3, 1e-8))),
                "complex": dict(zip(SUPPORTED_DTYPES, (1e-5, 1e-5, 1e-13)))}
-_LABELS = {"central": "central differences", "complex": "complex step"}
+_LABELS = {"central": "central differences", "complex": "complex step",
+           "reference": "against a reference"}
 
 
 
@@ -123,7 +124,9 @@ class GradCheckResult:
 
     Parameters
     ----------
-    method : {"central", "complex"}
+    method : {"central", "complex", "reference"}
+        How the reference was made; ``"reference"``: given by the caller
+        (:func:`compare_gradients`), with no step and no evaluations.
     h, tol : float
         Relative step (NaN if none) and threshold on the relative error.
     rows : tuple of (name, max_abs_error, max_rel_error, denominator, worst_index)
@@ -163,8 +166,10 @@ class GradCheckResult:
 
     def __repr__(self) -> str:
         verdict = "PASS" if self.passed else "FAIL"
-        lines = [f"{_LABELS[self.method]}, h = {self.h:.2g}, {self.n_evaluations} "
-                 f"evaluations: {verdict} (tol {self.tol:.0e})",
+        how = _LABELS[self.method]
+        if self.method != "reference":
+            how += f", h = {self.h:.2g}, {self.n_evaluations} evaluations"
+        lines = [f"{how}: {verdict} (tol {self.tol:.0e})",
                  f"  {'argument':<9}{'max abs err':>12}{'rel err':>10}  worst index"]
         for name, abs_err, rel_err, _, worst in self.rows:
             flag = "" if rel_err <= self.tol else "  <- FAIL"
@@ -188,9 +193,9 @@ def compare_gradients(grads, estimates, tol: float, *, names=None) -> GradCheckR
     Returns
     -------
     GradCheckResult
-        With ``h=nan`` and ``n_evaluations=0``. Its ``method`` is
-        ``"central"`` whatever the reference, so its repr's heading reads
-        "central differences, h = nan, 0 evaluations".
+        With ``method="reference"``, ``h=nan`` and ``n_evaluations=0``; its
+        repr's heading reads "against a reference" (:func:`check_gradients`
+        replaces the three with its own).
 
     Raises
     ------
@@ -218,7 +223,7 @@ def compare_gradients(grads, estimates, tol: float, *, names=None) -> GradCheckR
                          "gradients; give one name each.")
     rows = tuple((name, *relative_error(g, r))
                  for name, g, r in zip(names, grads, estimates) if g is not None)
-    return GradCheckResult("central", float("nan"), tol, rows, 0)
+    return GradCheckResult("reference", float("nan"), tol, rows, 0)
 
 
 def _setup(method, grads, arrays, h, tol, directional: bool):

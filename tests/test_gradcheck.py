@@ -205,6 +205,13 @@ def test_nan_in_a_gradient_fails():
     assert r.rows[0][4] == (1,)
 
 
+def test_compare_report_names_its_reference_not_a_step():
+    r = compare_gradients([np.array([1.0, 2.0])], [np.array([1.0, 2.5])], tol=0.1)
+    heading = repr(r).splitlines()[0]
+    assert r.method == "reference" and not r.passed
+    assert heading == "against a reference: FAIL (tol 1e-01)"
+
+
 def test_repr_states_the_verdict_the_tolerance_and_the_denominator(layernorm_case):
     arrays, dy, grads = layernorm_case
     text = repr(
