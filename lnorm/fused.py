@@ -43,7 +43,7 @@ takes the place of their ``block_rows=``):
   ``D`` once per element there, and ``contract`` would keep the rounding
   error of ``g`` in ``g - mean(g)`` (a row with ``D = 1`` would get a
   nonzero ``dx``); its one fused multiply-add is written out
-  (``g - xhat * mean(g * xhat)``, ``_fma``);
+  (``g - xhat * mean(g * xhat)``, ``_mul_add``, where the CPU has one);
 * a constant row is exact (``xhat = 0``, ``y = beta``, ``dx = 0``).
 
 float16: Numba has no float16 arrays on the CPU, so the loops read and
@@ -187,7 +187,7 @@ FASTMATH = {"reassoc", "contract"}
 #: into a fused multiply-add that keeps the rounding error of
 #: ``g = dy * gamma``: a row of length one would get a nonzero ``dx``. The
 #: one multiply-add the loop wants, ``g - xhat * mean(g * xhat)``, it calls
-#: explicitly (``_fma``): one operation and one rounding fewer per element
+#: explicitly (``_mul_add``): one operation and one rounding fewer per element
 #: than a product and a difference, which took the backward at
 #: (8, 512, 1024) float32 from about 1.01 to 0.98 of its time (nine runs
 #: against the separate form, 2026-11-26 evening session).
@@ -290,17 +290,30 @@ STREAM_BYTES = _last_level_cache_bytes() // 2
 # bits.
 
 
-def _native_half() -> bool:
-    """Whether LLVM converts float16 in instructions for Numba's target CPU."""
+def _has_x86_feature(name: str) -> bool:
+    """Whether Numba's target CPU is x86 with feature ``name`` (``"f16c"``).
+    With ``NUMBA_CPU_NAME=generic`` it has none."""
     arch = llvm.get_process_triple().split("-")[0]
-    if arch in ("aarch64", "arm64"):
-        return True
     if arch not in ("x86_64", "i386", "i686"):
         return False
     features = config.CPU_FEATURES  # '' for NUMBA_CPU_NAME=generic
     if features is None:
         features = llvm.get_host_cpu_features().flatten()
-    return "+f16c" in features.split(",")
+    return f"+{name}" in features.split(",")
+
+
+def _is_arm64() -> bool:
+    return llvm.get_process_triple().split("-")[0] in ("aarch64", "arm64")
+
+
+def _native_half() -> bool:
+    """Whether LLVM converts float16 in instructions for Numba's target CPU."""
+    return _is_arm64() or _has_x86_feature("f16c")
+
+
+def _native_fma() -> bool:
+    """Whether Numba's target CPU has fused multiply-add instructions."""
+    return _is_arm64() or _has_x86_feature("fma")
 
 
 @intrinsic
@@ -328,17 +341,22 @@ def _bits_float(typingctx, b):
 
 
 @intrinsic
-def _fma(typingctx, a, b, c):
-    """``a * b + c`` in float64, rounded once (LLVM's ``llvm.fma``: one
-    instruction where the CPU has fused multiply-add, else libm's ``fma``)."""
+def _mul_add(typingctx, a, b, c):
+    """``a * b + c`` in float64: rounded once (``llvm.fma``) where Numba's
+    target CPU has fused multiply-add, else a product and a sum. There LLVM
+    would call libm's ``fma`` once per element, unvectorized: the backward
+    took twice as long with ``NUMBA_CPU_NAME=generic``."""
     if not a == b == c == types.float64:
         return None
 
     def codegen(context, builder, signature, args):
+        x, y, z = args
+        if not _native_fma():
+            return builder.fadd(builder.fmul(x, y), z)
         d = ir.DoubleType()
         fn = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(d, [d, d, d]), "llvm.fma.f64")
-        return builder.call(fn, list(args))
+        return builder.call(fn, [x, y, z])
 
     return types.float64(a, b, c), codegen
 
@@ -682,13 +700,14 @@ def _group_sums(dy0, dy1, dy2, dy3, xh0, xh1, xh2, xh3, gamma, dgamma, dbeta):
 def _dx_span(dy, xhat, gamma, rstd, mean_g, mean_gxhat, dx):
     """dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), per element.
 
-    ``g - xhat * mean(g * xhat)`` is one fused multiply-add, rounded once;
-    ``mean(g)`` comes off after it, so a constant row (``xhat = 0``) keeps
+    ``g - xhat * mean(g * xhat)`` is one fused multiply-add, rounded once
+    (where the CPU has the instruction, :func:`_mul_add`); ``mean(g)`` comes
+    off after it, so a constant row (``xhat = 0``) keeps
     ``g`` exactly, and a row of one element gets ``dx = 0``.
     """
     for j in range(dy.shape[0]):
         g = _wide(dy[j]) * gamma[j]
-        rest = _fma(-_wide(xhat[j]), mean_gxhat, g)
+        rest = _mul_add(-_wide(xhat[j]), mean_gxhat, g)
         dx[j] = _narrow(rstd * (rest - mean_g), dx)
 
 

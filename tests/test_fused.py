@@ -626,14 +626,28 @@ def test_float16_inputs_are_read_exactly(by_bits):
     assert np.array_equal(np.signbit(got), np.signbit(want))
 
 
+def test_mul_add_rounds_once_where_the_cpu_has_fma():
+    # (1 + e)(1 - e) - 1 = -e**2 exactly; the product alone rounds to 1
+    # (e = 2**-30: 1 - 2**-60 is nearer 1 than 1 - 2**-53), so two roundings
+    # give 0.
+    mul_add = nb.njit(lambda a, b, c: fused._mul_add(a, b, c))
+    e = 2.0**-30
+    got = mul_add(1 + e, 1 - e, -1.0)
+    assert got == (-(e * e) if fused._native_fma() else 0.0)
+
+
 def test_float16_conversions_need_no_cpu_feature(tmp_path):
     # LLVM's half type needs F16C on x86: for a generic CPU, LLVM calls a
     # runtime function the JIT does not have, and the process would die.
-    # There the loops convert with integer operations, to the same bits.
+    # There the loops convert with integer operations, to the same bits, and
+    # _mul_add is a product and a sum (libm's fma would be a call per element).
     code = (
         "import hashlib, numpy as np\n"
         "from lnorm import fused\n"
-        "assert not fused._native_half()\n"
+        "assert not fused._native_half() and not fused._native_fma()\n"
+        "import numba\n"
+        "mul_add = numba.njit(lambda a, b, c: fused._mul_add(a, b, c))\n"
+        "assert mul_add(1 + 2.0**-30, 1 - 2.0**-30, -1.0) == 0.0\n"
         "x = np.linspace(-3, 3, 4 * 777, dtype=np.float16).reshape(4, 777)\n"
         "y, c = fused.forward(x, np.ones(777, x.dtype), np.zeros(777, x.dtype))\n"
         "dx = fused.backward(x[::-1].copy(), c)[0]\n"
