@@ -44,7 +44,8 @@ takes the place of their ``block_rows=``):
   error of ``g`` in ``g - mean(g)`` (a row with ``D = 1`` would get a
   nonzero ``dx``); its one fused multiply-add is written out
   (``g - xhat * mean(g * xhat)``, ``_mul_add``, where the CPU has one);
-* a constant row is exact (``xhat = 0``, ``y = beta``, ``dx = 0``).
+* a constant row gives ``xhat = 0`` and ``y = beta`` exactly, and a row of
+  one element ``dx = 0``.
 
 float16: Numba has no float16 arrays on the CPU, so the loops read and
 write float16 arrays as their bits (a ``uint16`` view) and convert each
@@ -188,9 +189,9 @@ FASTMATH = {"reassoc", "contract"}
 #: ``g = dy * gamma``: a row of length one would get a nonzero ``dx``. The
 #: one multiply-add the loop wants, ``g - xhat * mean(g * xhat)``, it calls
 #: explicitly (``_mul_add``): one operation and one rounding fewer per element
-#: than a product and a difference, which took the backward at
-#: (8, 512, 1024) float32 from about 1.01 to 0.98 of its time (nine runs
-#: against the separate form, 2026-11-26 evening session).
+#: than a product and a difference. The backward at (4096, 1024) float32
+#: took 0.98 of the separate form's time (mean of nine paired runs,
+#: 0.94-1.01, 2026-11-26 evening session).
 FASTMATH_DX = False
 
 #: Elements per step of the backward's first sweep over a row or a group of
@@ -222,7 +223,7 @@ SPAN = 1024
 #: L2) the loop takes about 0.28 ns an element, as much as the copy floor's
 #: 0.31 out of cache: on that machine the backward's time is its arithmetic
 #: and the overlap of that arithmetic with memory, not the bytes.
-#: Tried in the evening session of the same day, also slower (same run, at
+#: Tried in the evening session of the same day, not faster (same run, at
 #: (4096, 1024)): a share of the next group prefetched evenly through the
 #: first sweep as well (a quarter: 1.54 against 1.37; 40 %: 1.61-1.72
 #: against 1.37-1.56); only dy, only xhat, or only the first half of each
@@ -343,9 +344,10 @@ def _bits_float(typingctx, b):
 @intrinsic
 def _mul_add(typingctx, a, b, c):
     """``a * b + c`` in float64: rounded once (``llvm.fma``) where Numba's
-    target CPU has fused multiply-add, else a product and a sum. There LLVM
-    would call libm's ``fma`` once per element, unvectorized: the backward
-    took twice as long with ``NUMBA_CPU_NAME=generic``."""
+    target CPU has fused multiply-add, else a product and a sum. On a CPU
+    without it ``llvm.fma`` becomes a call to libm's ``fma`` per element,
+    unvectorized: with ``NUMBA_CPU_NAME=generic`` that made the backward
+    take 7.1 ms against 3.6 at (4096, 1024) float32, hence the fallback."""
     if not a == b == c == types.float64:
         return None
 
@@ -702,8 +704,8 @@ def _dx_span(dy, xhat, gamma, rstd, mean_g, mean_gxhat, dx):
 
     ``g - xhat * mean(g * xhat)`` is one fused multiply-add, rounded once
     (where the CPU has the instruction, :func:`_mul_add`); ``mean(g)`` comes
-    off after it, so a constant row (``xhat = 0``) keeps
-    ``g`` exactly, and a row of one element gets ``dx = 0``.
+    off after it, so a constant row (``xhat = 0``, finite sums) keeps ``g``
+    exactly, and a row of one element gets ``dx = 0``.
     """
     for j in range(dy.shape[0]):
         g = _wide(dy[j]) * gamma[j]
