@@ -213,30 +213,33 @@ SPAN = 1024
 #: 1.9 to 1.4 times the copy floor on the 2-core AMD EPYC of the 2026-11-26
 #: session; 64 and 1024 gained less (presumably a burst of requests stalls
 #: the core; not measured directly).
-#: Tried on that machine in the 2026-11-26 afternoon session and slower
-#: (times / copy floor at (8, 512, 1024), same run): half of the next group
-#: prefetched during the first sweep and half during the second (1.62-1.89
-#: against 1.43-1.49); the prefetch two groups ahead (1.49-1.57 against
-#: 1.43-1.48); into L2 only, ``prefetcht1`` (1.76-1.78); the four rows' dx in
-#: one call (not vectorized, 2-5 times slower in cache); a row's dx in one
-#: call with its prefetch inside (1.57-1.63 against 1.44). In cache (rows in
-#: L2) the loop takes about 0.28 ns an element, as much as the copy floor's
-#: 0.31 out of cache: on that machine the backward's time is its arithmetic
-#: and the overlap of that arithmetic with memory, not the bytes.
-#: Tried in the evening session of the same day, not faster (same run, at
-#: (4096, 1024)): a share of the next group prefetched evenly through the
-#: first sweep as well (a quarter: 1.54 against 1.37; 40 %: 1.61-1.72
-#: against 1.37-1.56); only dy, only xhat, or only the first half of each
-#: row prefetched (1.60-1.76 against 1.34-1.48); rows one at a time,
-#: streamed, prefetching one or two rows ahead (1.51-1.73 against
-#: 1.29-1.50); the next row's sums and this row's dx in one loop (2.9-4.9);
-#: the second sweep a step at a time across the group's four rows instead
-#: of row by row (0.99-1.10 of the time; with steps of 64 or 128, 1.3-1.5).
-#: Loops that only move the bytes (add two rows, stream the sum out) show
-#: what the access pattern alone costs there: rows in order 1.0 times the
-#: floor, four rows a quarter apart in one sweep 1.11-1.15, those rows one
-#: at a time 1.35-1.43.
 STEP = 256
+
+# What else was tried for the second sweep and its prefetch (kept out of
+# STEP's documentation, which the API reference shows):
+# Tried on that machine in the 2026-11-26 afternoon session and slower
+# (times / copy floor at (8, 512, 1024), same run): half of the next group
+# prefetched during the first sweep and half during the second (1.62-1.89
+# against 1.43-1.49); the prefetch two groups ahead (1.49-1.57 against
+# 1.43-1.48); into L2 only, ``prefetcht1`` (1.76-1.78); the four rows' dx in
+# one call (not vectorized, 2-5 times slower in cache); a row's dx in one
+# call with its prefetch inside (1.57-1.63 against 1.44). In cache (rows in
+# L2) the loop takes about 0.28 ns an element, as much as the copy floor's
+# 0.31 out of cache: on that machine the backward's time is its arithmetic
+# and the overlap of that arithmetic with memory, not the bytes.
+# Tried in the evening session of the same day, not faster (same run, at
+# (4096, 1024)): a share of the next group prefetched evenly through the
+# first sweep as well (a quarter: 1.54 against 1.37; 40 %: 1.61-1.72
+# against 1.37-1.56); only dy, only xhat, or only the first half of each
+# row prefetched (1.60-1.76 against 1.34-1.48); rows one at a time,
+# streamed, prefetching one or two rows ahead (1.51-1.73 against
+# 1.29-1.50); the next row's sums and this row's dx in one loop (2.9-4.9);
+# the second sweep a step at a time across the group's four rows instead
+# of row by row (0.99-1.10 of the time; with steps of 64 or 128, 1.3-1.5).
+# Loops that only move the bytes (add two rows, stream the sum out) show
+# what the access pattern alone costs there: rows in order 1.0 times the
+# floor, four rows a quarter apart in one sweep 1.11-1.15, those rows one
+# at a time 1.35-1.43.
 
 #: Rows per chunk of the backward. The loop runs chunk by chunk, and each
 #: chunk fills ``dgamma``/``dbeta`` blocks of its own (its rows grouped as if
@@ -304,6 +307,7 @@ def _has_x86_feature(name: str) -> bool:
 
 
 def _is_arm64() -> bool:
+    """Whether this process runs on 64-bit Arm (which has float16 and FMA)."""
     return llvm.get_process_triple().split("-")[0] in ("aarch64", "arm64")
 
 

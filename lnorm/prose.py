@@ -55,6 +55,14 @@ __all__ = ["Sci", "sci", "Inline", "Typeset", "inline", "glue", "table", "Table"
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
 
+def _digits(digits: object, who: str) -> int:
+    """``digits`` as an int >= 1, else ValueError naming ``who`` ("sci", "table")."""
+    if (not isinstance(digits, numbers.Integral) or isinstance(digits, bool)
+            or digits < 1):
+        raise ValueError(f"{who}: digits must be an integer >= 1, got {digits!r}")
+    return int(digits)
+
+
 class Sci:
     r"""A number to be typeset as ``a × 10^k``.
 
@@ -109,11 +117,8 @@ class Sci:
             raise TypeError(
                 f"sci: value must be a real number, got {type(value).__name__}"
             )
-        if (not isinstance(digits, numbers.Integral) or isinstance(digits, bool)
-                or digits < 1):
-            raise ValueError(f"sci: digits must be an integer >= 1, got {digits!r}")
         self.value = float(value)
-        self.digits = int(digits)
+        self.digits = _digits(digits, "sci")
         if not math.isfinite(self.value):
             self.mantissa, self.exponent = repr(self.value), 0
             return
@@ -425,11 +430,8 @@ class Table:
                     f"table: a row has {len(r)} cells, "
                     f"but there are {len(self.columns)} columns"
                 )
-        if (not isinstance(digits, numbers.Integral) or isinstance(digits, bool)
-                or digits < 1):
-            raise ValueError(f"table: digits must be an integer >= 1, got {digits!r}")
         self.title = title
-        self.digits = int(digits)
+        self.digits = _digits(digits, "table")
         self.open = open
 
     def text(self) -> list[list[str]]:
