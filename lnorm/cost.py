@@ -113,7 +113,7 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from .fused import CHUNK_ROWS, GROUP_ROWS, _grouping
+from .fused import CHUNK_ROWS, GROUP_FROM_D, GROUP_ROWS
 from .validate import check_int
 
 __all__ = [
@@ -642,12 +642,13 @@ def _sweeps(rows: int, D: int) -> int:
     Rows of :data:`lnorm.fused.GROUP_FROM_D` elements or more go in groups
     of :data:`lnorm.fused.GROUP_ROWS`, within each chunk of
     :data:`lnorm.fused.CHUNK_ROWS` rows, and the rows left over in a chunk
-    one by one; shorter rows all go one by one. The loop's own grouping
-    (``lnorm.fused._grouping``) says how many groups a chunk has.
+    one by one; shorter rows all go one by one.
     """
+    if D < GROUP_FROM_D:
+        return rows
+
     def per_chunk(r: int) -> int:
-        groups = int(_grouping(r, D)[0])
-        return groups + (r - GROUP_ROWS * groups)
+        return r // GROUP_ROWS + r % GROUP_ROWS
 
     whole, rest = divmod(rows, CHUNK_ROWS)
     return whole * per_chunk(CHUNK_ROWS) + per_chunk(rest)
