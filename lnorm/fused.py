@@ -564,14 +564,15 @@ def _sfence(typingctx):
 
 
 @nb.njit(cache=True, inline="always")
-def _store_row(dst, buf, address):
-    """Copy the row ``buf`` into ``dst`` (at memory ``address``) with streaming stores.
+def _store_row(dst, buf):
+    """Copy the row ``buf`` into ``dst`` with streaming stores.
 
     Plain stores for the elements before the first 64-byte boundary and
     after the last whole vector.
     """
     D = buf.shape[0]
     size = buf.itemsize
+    address = np.int64(dst.ctypes.data)
     head = min(((_VECTOR_BYTES - address % _VECTOR_BYTES) % _VECTOR_BYTES) // size, D)
     for j in range(head):
         dst[j] = buf[j]
@@ -622,8 +623,7 @@ def _is_constant(x):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
-                  xhat_address):
+def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream):
     """y, xhat and rstd row by row: three sweeps over each row, the first
     from memory, the other two from cache.
 
@@ -631,7 +631,6 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
     computed into buffers in cache and streamed out from there.
     """
     rows, D = x.shape
-    size = y.itemsize
     held_y = np.empty(SPAN, dtype=y.dtype)
     held_xhat = np.empty(SPAN, dtype=y.dtype)
     for r in range(rows):
@@ -650,9 +649,8 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
             e = min(a + SPAN, D)
             _normalize_row(x[r, a:e], gamma[a:e], beta[a:e], mean, rstd[r],
                            held_y[:e - a], held_xhat[:e - a])
-            offset = (r * D + a) * size
-            _store_row(y[r, a:e], held_y[:e - a], y_address + offset)
-            _store_row(xhat[r, a:e], held_xhat[:e - a], xhat_address + offset)
+            _store_row(y[r, a:e], held_y[:e - a])
+            _store_row(xhat[r, a:e], held_xhat[:e - a])
     if stream:
         _sfence()
 
@@ -737,7 +735,7 @@ def _grouping(rows, D):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH)
-def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
+def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream):
     """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b``.
 
     A group of rows (or one row) at a time: a first sweep, :data:`SPAN`
@@ -752,7 +750,6 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
     row's sums are taken a span at a time and added in order.
     """
     rows, D = dy.shape
-    size = dx.itemsize
     quarter, grouped_blocks = _grouping(rows, D)
     # With streaming stores, a span of a group's dx is computed into `held`
     # and then streamed out from there.
@@ -788,8 +785,7 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
                 if stream:
                     _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
                                  means_gxhat[k], a, e, held, k)
-                    address = dx_address + (r * D + a) * size
-                    _store_row(dx[r, a:e], held[k, a:e], address)
+                    _store_row(dx[r, a:e], held[k, a:e])
                 else:
                     _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
                                  means_gxhat[k], a, e, dx, r)
@@ -824,9 +820,22 @@ def _chunked_block_count(rows, D):
     return whole * _block_count(CHUNK_ROWS, D) + (_block_count(rest, D) if rest else 0)
 
 
+@nb.njit(cache=True)
+def _sum_blocks(partials, total):
+    """``total = partials[0] + partials[1] + ...`` (block after block, in that
+    order) in float64, rounded once to the dtype of ``total`` (float16 as
+    bits)."""
+    acc = np.zeros(partials.shape[1])
+    for b in range(partials.shape[0]):  # row by row: unit stride, vectorized
+        for j in range(partials.shape[1]):
+            acc[j] += partials[b, j]
+    for j in range(partials.shape[1]):
+        total[j] = _narrow(acc[j], total)
+
+
 @nb.njit(cache=True, nogil=True)
-def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address,
-                     first, last):
+def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, first,
+                     last):
     """:func:`_backward_rows` over chunks ``first`` to ``last - 1``.
 
     Chunk ``c`` is the rows ``c * CHUNK_ROWS`` up to the next chunk's; it
@@ -841,8 +850,7 @@ def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_addres
         b = c * per_chunk
         n = _block_count(e - a, D)
         _backward_rows(dy[a:e], xhat[a:e], gamma, rstd[a:e], dx[a:e],
-                       dgamma[b:b + n], dbeta[b:b + n], stream,
-                       dx_address + a * D * dx.itemsize)
+                       dgamma[b:b + n], dbeta[b:b + n], stream)
 
 
 # --- where large arrays start ----------------------------------------------------
@@ -1105,11 +1113,12 @@ def forward(
     xhat = _output(xhat_out, x2.shape, x.dtype, x2, y)
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     g, b = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
-    if x2.shape[0]:
-        stream = _streams(y, D)
+    stream = _streams(y, D)
+    if threads == 1:  # no thread to start: the loop straight away
+        _forward_rows(x2, g, b, eps, y, xhat, rstd, stream)
+    elif x2.shape[0]:
         _in_threads(_forward_rows, [
-            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream,
-             y[a:e].ctypes.data, xhat[a:e].ctypes.data)
+            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream)
             for a, e in _split(x2.shape[0], threads)
         ])
     y = _deliver(y, y_out, x.shape)
@@ -1197,20 +1206,38 @@ def backward(
     xhat2 = _rows_for_loop(cache.xhat, dy2)
     rows = dy2.shape[0]
     dx = _output(out, dy2.shape, cache.dtype, dy2, xhat2)
-    blocks = _chunked_block_count(rows, D)
-    dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
-    dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
-    if rows:
-        args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1),
-                dx, dgamma, dbeta, _streams(dx, D), dx.ctypes.data)
+    args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx)
+    stream = _streams(dx, D)
+    dgamma = np.empty(D, dtype=cache.gamma.dtype)
+    dbeta = np.empty(D, dtype=cache.gamma.dtype)
+    if threads == 1:  # one compiled call, from the partial sums to the result
+        _backward_all(*args, stream, _bits(dgamma), _bits(dbeta))
+    else:
+        blocks = _chunked_block_count(rows, D)
+        partial_dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
+        partial_dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
         chunks = -(-rows // CHUNK_ROWS)
-        _in_threads(_backward_chunks,
-                    [(*args, a, e) for a, e in _split(chunks, threads)])
-    # Across blocks in a fixed order: block 0 + block 1 + ... (axis 0).
-    dgamma, dbeta = dgamma.sum(axis=0), dbeta.sum(axis=0)
-    pdt = cache.gamma.dtype
-    return (
-        _deliver(dx, out, cache.shape),
-        dgamma.astype(pdt),
-        dbeta.astype(pdt),
-    )
+        _in_threads(_backward_chunks, [
+            (*args, partial_dgamma, partial_dbeta, stream, a, e)
+            for a, e in _split(chunks, threads)
+        ])
+        _sum_blocks(partial_dgamma, _bits(dgamma))
+        _sum_blocks(partial_dbeta, _bits(dbeta))
+    return _deliver(dx, out, cache.shape), dgamma, dbeta
+
+
+@nb.njit(cache=True, nogil=True)
+def _backward_all(dy, xhat, gamma, rstd, dx, stream, dgamma, dbeta):
+    """:func:`_backward_chunks` over every chunk, then :func:`_sum_blocks` of
+    the partial sums into ``dgamma`` and ``dbeta``: the backward on one thread
+    in one compiled call. Each step of Python around the loop (allocate the
+    partial sums, add them up, round them) costs microseconds when the caches
+    are cold, as they are after a kernel that streamed megabytes."""
+    rows, D = dy.shape
+    blocks = _chunked_block_count(rows, D)
+    partial_dgamma = np.zeros((blocks, D))
+    partial_dbeta = np.zeros((blocks, D))
+    _backward_chunks(dy, xhat, gamma, rstd, dx, partial_dgamma, partial_dbeta,
+                     stream, 0, -(-rows // CHUNK_ROWS))
+    _sum_blocks(partial_dgamma, dgamma)
+    _sum_blocks(partial_dbeta, dbeta)

@@ -184,6 +184,24 @@ def test_dgamma_is_summed_per_block_then_across_blocks(D, rows):
     )
 
 
+def test_partial_sums_are_added_block_after_block_then_rounded_once():
+    # 1 + 2**-53 + 2**-53: block after block, each addition is a tie that
+    # rounds back to 1 (to even); the other way round the two small ones
+    # make 2**-52 first, and it stays.
+    partials = np.array([[1.0, 3.0], [2.0**-53, 0.5], [2.0**-53, 0.25]])
+    total = np.empty(2)
+    fused._sum_blocks(partials, total)
+    assert total.tolist() == [1.0, 3.75]
+    assert partials[::-1].sum(axis=0)[0] == 1.0 + 2.0**-52
+    # float16 (as bits): 1 + 2**-11 + 2**-30 is just above the midpoint of 1
+    # and 1 + 2**-10. Rounded once it goes up; through float32 (which drops
+    # the 2**-30) it would be a tie and go to even, 1.
+    half = np.empty(1, np.float16)
+    fused._sum_blocks(np.array([[1.0], [2.0**-11], [2.0**-30]]), half.view(np.uint16))
+    assert half[0] == np.float16(1 + 2.0**-10)
+    assert np.float16(np.float32(1 + 2.0**-11 + 2.0**-30)) == 1
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("D", [1, 7, 8, 33, fused.GROUP_FROM_D + 9, 2 * fused.SPAN + 5])
 def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
@@ -475,8 +493,9 @@ def test_forward_out_must_be_two_separate_arrays():
 
 
 # Zero rows, fewer rows than threads, one chunk, several chunks with a short
-# last one, rows in groups of four over chunks, float16 through its float32
-# copy, three leading axes.
+# last one, rows in groups of four over chunks, float16 (read as its bits),
+# three leading axes. One thread is one compiled call (_backward_all), more
+# sum the partial rows after the threads: the same blocks in the same order.
 THREAD_CASES = [
     ((0, 5), np.float32),
     ((1, 7), np.float64),
