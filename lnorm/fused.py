@@ -564,15 +564,14 @@ def _sfence(typingctx):
 
 
 @nb.njit(cache=True, inline="always")
-def _store_row(dst, buf):
-    """Copy the row ``buf`` into ``dst`` with streaming stores.
+def _store_row(dst, buf, address):
+    """Copy the row ``buf`` into ``dst`` (at memory ``address``) with streaming stores.
 
     Plain stores for the elements before the first 64-byte boundary and
     after the last whole vector.
     """
     D = buf.shape[0]
     size = buf.itemsize
-    address = np.int64(dst.ctypes.data)
     head = min(((_VECTOR_BYTES - address % _VECTOR_BYTES) % _VECTOR_BYTES) // size, D)
     for j in range(head):
         dst[j] = buf[j]
@@ -629,9 +628,16 @@ def _is_constant(x):
 # whole row before the second sweep, 1.02-1.07. On that machine a process
 # now and then runs this loop at nearly twice its usual time (21.7 against
 # 12.4 ms at (32768, 1024)) with arrays placed as usual, modulo 2 MiB
-# included; the software prefetch did not cure it (17.9 ms there).
+# included; the software prefetch did not cure it (17.9 ms there). The
+# same happened in `python -m lnorm.bench` (forward 2.0-2.4 times the floor
+# in 4 of 8 runs, none in 8 of the previous commit run in turn with them)
+# when this loop found its output's address itself (``dst.ctypes.data``)
+# and was called without ``_in_threads``; with those two changes undone, 1
+# of 7 (the larger shape, 1.95). Which layout of the compiled code or of
+# memory triggers it is not known.
 @nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream):
+def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
+                  xhat_address):
     """y, xhat and rstd row by row: three sweeps over each row, the first
     from memory, the other two from cache.
 
@@ -639,6 +645,7 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream):
     computed into buffers in cache and streamed out from there.
     """
     rows, D = x.shape
+    size = y.itemsize
     held_y = np.empty(SPAN, dtype=y.dtype)
     held_xhat = np.empty(SPAN, dtype=y.dtype)
     for r in range(rows):
@@ -657,8 +664,9 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream):
             e = min(a + SPAN, D)
             _normalize_row(x[r, a:e], gamma[a:e], beta[a:e], mean, rstd[r],
                            held_y[:e - a], held_xhat[:e - a])
-            _store_row(y[r, a:e], held_y[:e - a])
-            _store_row(xhat[r, a:e], held_xhat[:e - a])
+            offset = (r * D + a) * size
+            _store_row(y[r, a:e], held_y[:e - a], y_address + offset)
+            _store_row(xhat[r, a:e], held_xhat[:e - a], xhat_address + offset)
     if stream:
         _sfence()
 
@@ -743,7 +751,7 @@ def _grouping(rows, D):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH)
-def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream):
+def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
     """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b``.
 
     A group of rows (or one row) at a time: a first sweep, :data:`SPAN`
@@ -758,6 +766,7 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream):
     row's sums are taken a span at a time and added in order.
     """
     rows, D = dy.shape
+    size = dx.itemsize
     quarter, grouped_blocks = _grouping(rows, D)
     # With streaming stores, a span of a group's dx is computed into `held`
     # and then streamed out from there.
@@ -793,7 +802,8 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream):
                 if stream:
                     _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
                                  means_gxhat[k], a, e, held, k)
-                    _store_row(dx[r, a:e], held[k, a:e])
+                    address = dx_address + (r * D + a) * size
+                    _store_row(dx[r, a:e], held[k, a:e], address)
                 else:
                     _dx_row_span(dy, xhat, gamma, rstd, r, means_g[k],
                                  means_gxhat[k], a, e, dx, r)
@@ -842,8 +852,8 @@ def _sum_blocks(partials, total):
 
 
 @nb.njit(cache=True, nogil=True)
-def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, first,
-                     last):
+def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address,
+                     first, last):
     """:func:`_backward_rows` over chunks ``first`` to ``last - 1``.
 
     Chunk ``c`` is the rows ``c * CHUNK_ROWS`` up to the next chunk's; it
@@ -858,7 +868,8 @@ def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, first,
         b = c * per_chunk
         n = _block_count(e - a, D)
         _backward_rows(dy[a:e], xhat[a:e], gamma, rstd[a:e], dx[a:e],
-                       dgamma[b:b + n], dbeta[b:b + n], stream)
+                       dgamma[b:b + n], dbeta[b:b + n], stream,
+                       dx_address + a * D * dx.itemsize)
 
 
 # --- where large arrays start ----------------------------------------------------
@@ -1121,12 +1132,11 @@ def forward(
     xhat = _output(xhat_out, x2.shape, x.dtype, x2, y)
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     g, b = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
-    stream = _streams(y, D)
-    if threads == 1:  # no thread to start: the loop straight away
-        _forward_rows(x2, g, b, eps, y, xhat, rstd, stream)
-    elif x2.shape[0]:
+    if x2.shape[0]:
+        stream = _streams(y, D)
         _in_threads(_forward_rows, [
-            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream)
+            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream,
+             y[a:e].ctypes.data, xhat[a:e].ctypes.data)
             for a, e in _split(x2.shape[0], threads)
         ])
     y = _deliver(y, y_out, x.shape)
@@ -1215,18 +1225,18 @@ def backward(
     rows = dy2.shape[0]
     dx = _output(out, dy2.shape, cache.dtype, dy2, xhat2)
     args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx)
-    stream = _streams(dx, D)
+    stream = (_streams(dx, D), dx.ctypes.data)
     dgamma = np.empty(D, dtype=cache.gamma.dtype)
     dbeta = np.empty(D, dtype=cache.gamma.dtype)
     if threads == 1:  # one compiled call, from the partial sums to the result
-        _backward_all(*args, stream, _bits(dgamma), _bits(dbeta))
+        _backward_all(*args, *stream, _bits(dgamma), _bits(dbeta))
     else:
         blocks = _chunked_block_count(rows, D)
         partial_dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
         partial_dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
         chunks = -(-rows // CHUNK_ROWS)
         _in_threads(_backward_chunks, [
-            (*args, partial_dgamma, partial_dbeta, stream, a, e)
+            (*args, partial_dgamma, partial_dbeta, *stream, a, e)
             for a, e in _split(chunks, threads)
         ])
         _sum_blocks(partial_dgamma, _bits(dgamma))
@@ -1235,7 +1245,7 @@ def backward(
 
 
 @nb.njit(cache=True, nogil=True)
-def _backward_all(dy, xhat, gamma, rstd, dx, stream, dgamma, dbeta):
+def _backward_all(dy, xhat, gamma, rstd, dx, stream, dx_address, dgamma, dbeta):
     """:func:`_backward_chunks` over every chunk, then :func:`_sum_blocks` of
     the partial sums into ``dgamma`` and ``dbeta``: the backward on one thread
     in one compiled call. Each step of Python around the loop (allocate the
@@ -1246,6 +1256,6 @@ def _backward_all(dy, xhat, gamma, rstd, dx, stream, dgamma, dbeta):
     partial_dgamma = np.zeros((blocks, D))
     partial_dbeta = np.zeros((blocks, D))
     _backward_chunks(dy, xhat, gamma, rstd, dx, partial_dgamma, partial_dbeta,
-                     stream, 0, -(-rows // CHUNK_ROWS))
+                     stream, dx_address, 0, -(-rows // CHUNK_ROWS))
     _sum_blocks(partial_dgamma, dgamma)
     _sum_blocks(partial_dbeta, dbeta)
