@@ -633,8 +633,19 @@ def _is_constant(x):
 # in 4 of 8 runs, none in 8 of the previous commit run in turn with them)
 # when this loop found its output's address itself (``dst.ctypes.data``)
 # and was called without ``_in_threads``; with those two changes undone, 1
-# of 7 (the larger shape, 1.95). Which layout of the compiled code or of
-# memory triggers it is not known.
+# of 7 (the larger shape, 1.95), and later runs of the previous commit
+# showed it too (2.18-2.28, 3 of about 20). With address-space
+# randomization off (``setarch -R``, fixed PYTHONHASHSEED) eight runs in a
+# row were normal, and a padding mmap before the imports made it come and
+# go with the padding (bad from 60 to 300 pages, good below and above), but
+# minutes later the same settings gave other answers: it follows addresses
+# and something on the machine that changes with time (the VM runs DAMON,
+# ``kdamond``). Placing ``held_y``/``held_xhat`` behind ``x`` in their page
+# (they come from the heap, wherever it is) cured one such setting and not
+# the next, and was no faster otherwise; a 64-byte-aligned placement was no
+# faster than the heap's in paired calls. gamma and beta four kilobytes
+# apart to the byte cost 10-13 % in one harness (two loads to one L1 bank
+# each step) but half a page apart in ``forward`` gained nothing measurable.
 @nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
 def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
                   xhat_address):
