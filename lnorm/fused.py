@@ -1236,18 +1236,18 @@ def backward(
     rows = dy2.shape[0]
     dx = _output(out, dy2.shape, cache.dtype, dy2, xhat2)
     args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx)
-    stream = (_streams(dx, D), dx.ctypes.data)
+    dx_store = (_streams(dx, D), dx.ctypes.data)  # streaming or not; where
     dgamma = np.empty(D, dtype=cache.gamma.dtype)
     dbeta = np.empty(D, dtype=cache.gamma.dtype)
     if threads == 1:  # one compiled call, from the partial sums to the result
-        _backward_all(*args, *stream, _bits(dgamma), _bits(dbeta))
+        _backward_all(*args, *dx_store, _bits(dgamma), _bits(dbeta))
     else:
         blocks = _chunked_block_count(rows, D)
         partial_dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
         partial_dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
         chunks = -(-rows // CHUNK_ROWS)
         _in_threads(_backward_chunks, [
-            (*args, partial_dgamma, partial_dbeta, *stream, a, e)
+            (*args, partial_dgamma, partial_dbeta, *dx_store, a, e)
             for a, e in _split(chunks, threads)
         ])
         _sum_blocks(partial_dgamma, _bits(dgamma))
