@@ -549,6 +549,18 @@ def _prefetch(typingctx, arr, start, nbytes):
 
 
 @intrinsic
+def _address(typingctx, arr):
+    """The address of ``arr``'s first element, as an integer."""
+    sig = types.intp(arr)
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        return builder.ptrtoint(data, ir.IntType(64))
+
+    return sig, codegen
+
+
+@intrinsic
 def _sfence(typingctx):
     """Order the streaming stores before everything after them."""
     sig = types.void()
@@ -621,34 +633,56 @@ def _is_constant(x):
     return True
 
 
-# The forward leaves the next row to the hardware prefetcher. Asking for it
-# in software, as the backward does, was slower on the 2-core AMD EPYC
-# (2026-11-26, paired calls in one process, (4096, 1024) and (32768, 1024)
-# float32): span by span while y is written, 1.04-1.13 times the time; the
-# whole row before the second sweep, 1.02-1.07. On that machine a process
-# now and then runs this loop at nearly twice its usual time (21.7 against
-# 12.4 ms at (32768, 1024)) with arrays placed as usual, modulo 2 MiB
-# included; the software prefetch did not cure it (17.9 ms there). The
-# same happened in `python -m lnorm.bench` (forward 2.0-2.4 times the floor
-# in 4 of 8 runs, none in 8 of the previous commit run in turn with them)
-# when this loop found its output's address itself (``dst.ctypes.data``)
-# and was called without ``_in_threads``; with those two changes undone, 1
-# of 7 (the larger shape, 1.95), and later runs of the previous commit
-# showed it too (2.18-2.28, 3 of about 20). With address-space
-# randomization off (``setarch -R``, fixed PYTHONHASHSEED) eight runs in a
-# row were normal, and a padding mmap before the imports made it come and
-# go with the padding (bad from 60 to 300 pages, good below and above), but
-# minutes later the same settings gave other answers: it follows addresses
-# and something on the machine that changes with time (the VM runs DAMON,
-# ``kdamond``). Placing ``held_y``/``held_xhat`` behind ``x`` in their page
-# (they come from the heap, wherever it is) cured one such setting and not
-# the next, and was no faster otherwise; a 64-byte-aligned placement was no
-# faster than the heap's in paired calls. gamma and beta four kilobytes
-# apart to the byte cost 10-13 % in one harness (two loads to one L1 bank
-# each step) but half a page apart in ``forward`` gained nothing measurable.
+#: The most bytes :func:`_scratch` aligns its block to (a power of two).
+SCRATCH_ALIGN = 64 * 1024
+
+
+@nb.njit(cache=True, inline="always")
+def _scratch(n):
+    """``n`` float64 in one block that starts at a multiple of the smallest
+    power of two that holds it (at most :data:`SCRATCH_ALIGN` bytes).
+
+    Why one aligned block: see the comment above :func:`_forward_rows`.
+    """
+    align = 64
+    while align < 8 * n and align < SCRATCH_ALIGN:
+        align *= 2
+    block = np.empty(n + align // 8, dtype=np.float64)
+    start = (-_address(block)) % align // 8
+    return block[start:start + n]
+
+
+# What the forward keeps in L1 for every row -- gamma and beta as float64,
+# and the two buffers its output spans are streamed from -- lies in one block
+# (``_scratch``), filled at the start of the call. As four arrays placed
+# wherever the heap put them, they made the forward take about twice its
+# usual time in some processes (2.0-2.4 times the copy floor against
+# 1.1-1.4, in about one process in ten on the 2-core AMD EPYC (Zen 5) of the
+# 2026-11-26 sessions). The cause is the L1 data cache's way predictor:
+# AMD's L1D finds the way of a line by a "utag", a hash of bits 12-27 of the
+# virtual address (published for Zen: bit 12 XOR 27, 13 XOR 26, 14 XOR 25,
+# 15 XOR 20, 16 XOR 21, ..., 19 XOR 24; Lipp et al., "Take A Way", AsiaCCS
+# 2020), and two lines of one set with one utag cannot both stay in L1.
+# Measured at (4096, 1024) float32 with beta moved a page at a time over
+# 16 MiB and gamma fixed: the loop took 1.5-2.0 times as long at 34 of 4093
+# positions (twice, with other addresses), and that hash put a page of beta
+# and a page of gamma in one set with one utag at every one of them.
+# gamma and beta are read every row, so the two evicted each other row
+# after row. Within a 1 MiB-aligned stretch no two pages share a utag (bits
+# 20-27 are the same, so the tag is bits 12-19 in disguise), and a block of
+# up to SCRATCH_ALIGN bytes aligned as ``_scratch`` aligns it never leaves
+# such a stretch; a longer one (rows past 3072 to 3584 elements, by dtype)
+# can, rarely. A row of x can share a utag with the block: that row pays.
+#
+# Also measured (2026-11-26): a copy of this loop that took the span buffers
+# as arguments made Numba count references around the stores of every span
+# (a locked add, which on x86 also orders the streaming stores before it):
+# twice the time, in every process. And the forward leaves the next row to
+# the hardware prefetcher: asking for it in software, as the backward does,
+# took 1.02 to 1.13 times as long in paired calls at (4096, 1024) and
+# (32768, 1024).
 @nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
-                  xhat_address):
+def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream):
     """y, xhat and rstd row by row: three sweeps over each row, the first
     from memory, the other two from cache.
 
@@ -657,8 +691,15 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
     """
     rows, D = x.shape
     size = y.itemsize
-    held_y = np.empty(SPAN, dtype=y.dtype)
-    held_xhat = np.empty(SPAN, dtype=y.dtype)
+    y_address, xhat_address = _address(y), _address(xhat)
+    held = -(-SPAN * size // 8)  # float64 per span buffer
+    block = _scratch(2 * held + 2 * D)
+    held_y = block[:held].view(y.dtype)[:SPAN]
+    held_xhat = block[held:2 * held].view(y.dtype)[:SPAN]
+    g = block[2 * held:2 * held + D]
+    b = block[2 * held + D:]
+    g[:] = gamma
+    b[:] = beta
     for r in range(rows):
         mean = _row_sum(x[r]) / D
         sq = _row_squares(x[r], mean)
@@ -669,11 +710,11 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream, y_address,
             sq = 0.0
         rstd[r] = 1.0 / np.sqrt(sq / D + eps)
         if not stream:
-            _normalize_row(x[r], gamma, beta, mean, rstd[r], y[r], xhat[r])
+            _normalize_row(x[r], g, b, mean, rstd[r], y[r], xhat[r])
             continue
         for a in range(0, D, SPAN):
             e = min(a + SPAN, D)
-            _normalize_row(x[r, a:e], gamma[a:e], beta[a:e], mean, rstd[r],
+            _normalize_row(x[r, a:e], g[a:e], b[a:e], mean, rstd[r],
                            held_y[:e - a], held_xhat[:e - a])
             offset = (r * D + a) * size
             _store_row(y[r, a:e], held_y[:e - a], y_address + offset)
@@ -762,7 +803,7 @@ def _grouping(rows, D):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH)
-def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address):
+def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream):
     """dx row by row; ``dgamma[b]``, ``dbeta[b]``: the sums over block ``b``.
 
     A group of rows (or one row) at a time: a first sweep, :data:`SPAN`
@@ -778,6 +819,7 @@ def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address)
     """
     rows, D = dy.shape
     size = dx.itemsize
+    dx_address = _address(dx)
     quarter, grouped_blocks = _grouping(rows, D)
     # With streaming stores, a span of a group's dx is computed into `held`
     # and then streamed out from there.
@@ -863,8 +905,8 @@ def _sum_blocks(partials, total):
 
 
 @nb.njit(cache=True, nogil=True)
-def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_address,
-                     first, last):
+def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, first,
+                     last):
     """:func:`_backward_rows` over chunks ``first`` to ``last - 1``.
 
     Chunk ``c`` is the rows ``c * CHUNK_ROWS`` up to the next chunk's; it
@@ -879,8 +921,7 @@ def _backward_chunks(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream, dx_addres
         b = c * per_chunk
         n = _block_count(e - a, D)
         _backward_rows(dy[a:e], xhat[a:e], gamma, rstd[a:e], dx[a:e],
-                       dgamma[b:b + n], dbeta[b:b + n], stream,
-                       dx_address + a * D * dx.itemsize)
+                       dgamma[b:b + n], dbeta[b:b + n], stream)
 
 
 # --- where large arrays start ----------------------------------------------------
@@ -1031,6 +1072,9 @@ def _in_threads(fn, jobs: list[tuple]) -> None:
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
 
+    if len(jobs) == 1:  # no thread to wait for or to collect errors from
+        fn(*jobs[0])
+        return
     others = [threading.Thread(target=run, args=(job,)) for job in jobs[1:]]
     for t in others:
         t.start()
@@ -1142,12 +1186,13 @@ def forward(
     y = _output(y_out, x2.shape, x.dtype, x2)
     xhat = _output(xhat_out, x2.shape, x.dtype, x2, y)
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
-    g, b = gamma.astype(ACC_DTYPE), beta.astype(ACC_DTYPE)
+    # float64 for the loop, which copies them into its own block
+    g = gamma.astype(ACC_DTYPE, copy=False)
+    b = beta.astype(ACC_DTYPE, copy=False)
     if x2.shape[0]:
         stream = _streams(y, D)
         _in_threads(_forward_rows, [
-            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream,
-             y[a:e].ctypes.data, xhat[a:e].ctypes.data)
+            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], stream)
             for a, e in _split(x2.shape[0], threads)
         ])
     y = _deliver(y, y_out, x.shape)
@@ -1236,18 +1281,18 @@ def backward(
     rows = dy2.shape[0]
     dx = _output(out, dy2.shape, cache.dtype, dy2, xhat2)
     args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx)
-    dx_store = (_streams(dx, D), dx.ctypes.data)  # streaming or not; where
+    stream = _streams(dx, D)
     dgamma = np.empty(D, dtype=cache.gamma.dtype)
     dbeta = np.empty(D, dtype=cache.gamma.dtype)
     if threads == 1:  # one compiled call, from the partial sums to the result
-        _backward_all(*args, *dx_store, _bits(dgamma), _bits(dbeta))
+        _backward_all(*args, stream, _bits(dgamma), _bits(dbeta))
     else:
         blocks = _chunked_block_count(rows, D)
         partial_dgamma = np.zeros((blocks, D), dtype=ACC_DTYPE)
         partial_dbeta = np.zeros((blocks, D), dtype=ACC_DTYPE)
         chunks = -(-rows // CHUNK_ROWS)
         _in_threads(_backward_chunks, [
-            (*args, partial_dgamma, partial_dbeta, *dx_store, a, e)
+            (*args, partial_dgamma, partial_dbeta, stream, a, e)
             for a, e in _split(chunks, threads)
         ])
         _sum_blocks(partial_dgamma, _bits(dgamma))
@@ -1256,7 +1301,7 @@ def backward(
 
 
 @nb.njit(cache=True, nogil=True)
-def _backward_all(dy, xhat, gamma, rstd, dx, stream, dx_address, dgamma, dbeta):
+def _backward_all(dy, xhat, gamma, rstd, dx, stream, dgamma, dbeta):
     """:func:`_backward_chunks` over every chunk, then :func:`_sum_blocks` of
     the partial sums into ``dgamma`` and ``dbeta``: the backward on one thread
     in one compiled call. Each step of Python around the loop (allocate the
@@ -1267,6 +1312,6 @@ def _backward_all(dy, xhat, gamma, rstd, dx, stream, dx_address, dgamma, dbeta):
     partial_dgamma = np.zeros((blocks, D))
     partial_dbeta = np.zeros((blocks, D))
     _backward_chunks(dy, xhat, gamma, rstd, dx, partial_dgamma, partial_dbeta,
-                     stream, dx_address, 0, -(-rows // CHUNK_ROWS))
+                     stream, 0, -(-rows // CHUNK_ROWS))
     _sum_blocks(partial_dgamma, dgamma)
     _sum_blocks(partial_dbeta, dbeta)
