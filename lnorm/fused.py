@@ -678,8 +678,9 @@ def _quarter_into_page(offset, k):
 # after row. Within a 1 MiB-aligned stretch no two pages share a utag (bits
 # 20-27 are the same, so the tag is bits 12-19 in disguise), and a block of
 # up to SCRATCH_ALIGN bytes aligned as ``_scratch`` aligns it never leaves
-# such a stretch; a longer one (rows past 3072 to 3584 elements, by dtype)
-# can, rarely. A row of x can share a utag with the block: that row pays.
+# such a stretch; a longer one (rows past 2688, 3200 or 3712 elements in
+# float64, float32 or float16) can, rarely. A row of x can share a utag
+# with the block: that row pays.
 # Inside the block each array starts its own quarter of a page into its
 # page: all four at one offset in their pages, as whole pages of a block
 # put them, took 1.05-1.20 times as long (shuffled calls in one process, at
