@@ -1083,6 +1083,9 @@ _THREADS_HINT = "threads is how many CPU threads run the loop."
 def _in_threads(fn, jobs: list[tuple]) -> None:
     """``fn(*job)`` for every job, the first in this thread, the others each in a
     new thread of its own (the loops release the GIL); re-raises their errors."""
+    if len(jobs) == 1:  # no thread to start, wait for or collect errors from
+        fn(*jobs[0])
+        return
     errors: list[BaseException] = []
 
     def run(job: tuple) -> None:
@@ -1091,9 +1094,6 @@ def _in_threads(fn, jobs: list[tuple]) -> None:
         except BaseException as e:  # re-raised in the caller's thread
             errors.append(e)
 
-    if len(jobs) == 1:  # no thread to wait for or to collect errors from
-        fn(*jobs[0])
-        return
     others = [threading.Thread(target=run, args=(job,)) for job in jobs[1:]]
     for t in others:
         t.start()
