@@ -667,13 +667,15 @@ def _quarter_into_page(offset, k):
 # 1.1-1.4, in about one process in ten on the 2-core AMD EPYC (Zen 5) of the
 # 2026-11-26 sessions). The cause is the L1 data cache's way predictor:
 # AMD's L1D finds the way of a line by a "utag", a hash of bits 12-27 of the
-# virtual address (published for Zen: bit 12 XOR 27, 13 XOR 26, 14 XOR 25,
-# 15 XOR 20, 16 XOR 21, ..., 19 XOR 24; Lipp et al., "Take A Way", AsiaCCS
-# 2020), and two lines of one set with one utag cannot both stay in L1.
-# Measured at (4096, 1024) float32 with beta moved a page at a time over
-# 16 MiB and gamma fixed: the loop took 1.5-2.0 times as long at 34 of 4093
-# positions (twice, with other addresses), and that hash put a page of beta
-# and a page of gamma in one set with one utag at every one of them.
+# virtual address (reverse-engineered on Zen to Zen 2: bit 12 XOR 27, 13 XOR
+# 26, 14 XOR 25, 15 XOR 20, 16 XOR 21, ..., 19 XOR 24; Lipp et al., "Take A
+# Way", AsiaCCS 2020), and two lines of one set with one utag cannot both
+# stay in L1. Measured on the Zen 5 at (4096, 1024) float32 with beta moved
+# a page at a time over 16 MiB and gamma fixed: the loop took 1.5-2.0 times
+# as long at 34 of 4093 positions (the sweep run twice, with gamma and beta
+# at other addresses), and that hash put a page of beta and a page of gamma
+# in one set with one utag at every one of them; it did so at 26 more, at
+# the edges of those runs of slow pages, which were not slower than 1.5.
 # gamma and beta are read every row, so the two evicted each other row
 # after row. Within a 1 MiB-aligned stretch no two pages share a utag (bits
 # 20-27 are the same, so the tag is bits 12-19 in disguise), and a block of
@@ -685,7 +687,7 @@ def _quarter_into_page(offset, k):
 # page: all four at one offset in their pages, as whole pages of a block
 # put them, took 1.05-1.20 times as long (shuffled calls in one process, at
 # (4096, 1024) and (32768, 1024) float32; presumably gamma and beta, 8 KiB
-# apart to the byte, then load from one L1 bank each step).
+# apart to the byte at D = 1024, then load from one L1 bank each step).
 #
 # Also measured (2026-11-26): a copy of this loop that took the span buffers
 # as arguments made Numba count references around the stores of every span
