@@ -906,6 +906,12 @@ def max_D(rung: str = "v4") -> int:
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {RUNGS}; got {rung!r}.")
     c = constants()
+    # Why v5 stops at 24 elements a thread (12288): with 32 (16384) its
+    # backward keeps gamma and both column sums, 96 floats, in registers, and
+    # ptxas 12.9 for sm_90 gave it 128 registers and 56 spill stores in
+    # float32, 20 in float16 (2026-11-26); its forward would fit (80 and 87
+    # registers, no spills). And two buffers of a float32 row outgrow shared
+    # memory there (the chapter "One kernel" has the numbers).
     per_thread = "LN_LONG_ELEMS_PER_THREAD" if rung == "v5" else "LN_ELEMS_PER_THREAD"
     return c[per_thread] * c["LN_MAX_ROW_THREADS"]
 
