@@ -57,7 +57,8 @@ unit: $(STAMP)
 	$(PY) -m pytest -m "not built_book and not slow and not lab" -q --durations=15 \
 		--doctest-modules lnorm tests
 
-# Sanitizer runs of the CUDA sources on the CPU, and their negative controls.
+# Sanitizer runs of the CUDA sources on the CPU, their negative controls, and
+# the CPU runs of the longest rows.
 slow: $(STAMP)
 	$(PY) -m pytest -m slow -q --durations=10
 
