@@ -342,6 +342,14 @@ def test_tiled_forward_is_the_same_for_every_block_size(shape, block_rows, dtype
     x, gamma, beta, _ = make_inputs(shape, dtype, seed=len(shape) + block_rows)
     y1, cache1 = forward(x, gamma, beta, block_rows=1)
     y, cache = forward(x, gamma, beta, block_rows=block_rows)
+    # Equal to each other, and right: within a few roundings of the dtype of
+    # the chain rule in float64 (statistics in float64, one final rounding).
+    y_ref, t = chain_rule_forward(*(a.astype(np.float64) for a in (x, gamma, beta)))
+    u = np.finfo(dtype).eps
+    for got, ref in ((y1, y_ref), (cache1.xhat, t["xhat"])):
+        scale = max(1.0, float(np.abs(ref).max(initial=0.0)))
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=2 * u,
+                                   atol=16 * u * scale)
     np.testing.assert_array_equal(y, y1)
     np.testing.assert_array_equal(cache.xhat, cache1.xhat)
     np.testing.assert_array_equal(cache.rstd, cache1.rstd)
@@ -363,10 +371,16 @@ def test_tiled_backward_keeps_bad_rows_to_themselves():
 
 def test_tiled_does_not_modify_inputs():
     x, gamma, beta, dy = make_inputs((5, 7), np.float32)
+    copies = [a.copy() for a in (x, gamma, beta, dy)]
     for a in (x, gamma, beta, dy):
         a.setflags(write=False)  # any in-place write would now raise
-    _, cache = forward(x, gamma, beta, block_rows=2)
-    backward(dy, cache, block_rows=2)
+    y, cache = forward(x, gamma, beta, block_rows=2)
+    grads = backward(dy, cache, block_rows=2)
+    # ... and the results are those of writable copies.
+    y_c, cache_c = forward(*copies[:3], block_rows=2)
+    grads_c = backward(copies[3], cache_c, block_rows=2)
+    for got, want in zip((y, *grads), (y_c, *grads_c)):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(

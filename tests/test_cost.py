@@ -197,6 +197,11 @@ def test_fused_float16_counts_its_converted_copies():
     assert conv.bytes_written == direct.bytes_written + 3 * wide
     assert conv.passes == direct.passes + 6
     assert conv.flops == direct.flops
+    # Through the caches: the loop's five element accesses (dy and xhat twice,
+    # dx once) are 4 B instead of 2 on each of the 6 elements, and each of the
+    # three conversions reads its 2-byte tensor and writes the 4-byte copy.
+    assert conv.bytes_cached == direct.bytes_cached + 6 * 5 * (4 - 2) + 3 * (
+        6 * 2 + wide)
     # With write-allocate, each plain store to a full-size tensor reads it
     # first: dx (6 elements x 2 B) and the three float32 copies (3 x 24 B).
     wa = cost.traffic("backward", "fused", work_itemsize=4, write_allocate=True,

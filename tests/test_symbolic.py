@@ -29,6 +29,46 @@ def test_identity_is_proved(name, D):
     assert S.prove(D, name) is True
 
 
+def _stated_by_hand(f, name):
+    """Identity ``name`` as the table above states it: (left side, right side),
+    built here from SymPy's Jacobians, not from lnorm.symbolic's residuals."""
+    sym, D = f.sym, f.sym.D
+    ones, eye = sp.ones(D, 1), sp.eye(D)
+    J, N = f.y.jacobian(sym.x), f.xhat.jacobian(sym.x)
+    g = sym.gamma.multiply_elementwise(sym.dy)
+    if name == "closed_form":
+        P = eye - ones * ones.T / D - f.xhat * f.xhat.T / D
+        return J, sp.diag(*sym.gamma) * f.rstd * P
+    if name == "symmetric":
+        return N, N.T
+    if name == "shift":
+        return N * ones, sp.zeros(D, 1)
+    if name == "scale":
+        return N * f.xhat, f.rstd * sym.eps / (f.var + sym.eps) * f.xhat
+    if name == "compact_vjp":
+        mean_g = sum(g) / D
+        mean_gxhat = sum(g.multiply_elementwise(f.xhat)) / D
+        return J.T * sym.dy, f.rstd * (g - mean_g * ones - f.xhat * mean_gxhat)
+    m = sp.Symbol("m", real=True)  # mean_path
+    var_m = sum((xi - m) ** 2 for xi in sym.x) / D
+    return sp.Matrix([sp.diff(var_m, m).subs(m, f.mu)]), sp.zeros(1, 1)
+
+
+@pytest.mark.parametrize("name", S.IDENTITIES)
+def test_each_identity_as_stated_holds_and_its_residual_states_something(name):
+    # prove() can only be as good as the residual it expands: an identity
+    # stated by hand here must hold, and the module's residual must not be a
+    # zero that SymPy sees before any expansion (N - N, N * 0, ...).
+    f = S.forward_exprs(3)
+    left, right = _stated_by_hand(f, name)
+    assert S.is_identically_zero(left - right, f)
+    residual = S._residual(f, name)
+    assert residual.shape == left.shape
+    if name != "mean_path":  # at a concrete D its sum cancels on sight; the
+        # derivative it evaluates is tested at and away from the mean below
+        assert residual != sp.zeros(*residual.shape)
+
+
 def test_prove_rejects_an_unknown_identity():
     with pytest.raises(ValueError, match="name must be one of"):
         S.prove(3, "antisymmetric")

@@ -24,6 +24,15 @@ def test_identity_is_proved_for_every_D(name):
     assert G.prove_for_every_D(name) is True
 
 
+@pytest.mark.parametrize("name", G.GENERAL_IDENTITIES)
+def test_each_residual_states_something_before_it_is_expanded(name):
+    # A residual that SymPy already sees as 0 (N_ij - N_ij, a sum of zeros)
+    # would be "proved" whatever the identity; each one has terms to cancel.
+    residual = G.general_residual(name)
+    assert residual != 0
+    assert residual.free_symbols  # in the row's symbols, not a constant
+
+
 def test_an_unknown_identity_is_refused():
     with pytest.raises(ValueError, match="name must be one of"):
         G.general_residual("antisymmetric")

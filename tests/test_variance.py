@@ -373,9 +373,14 @@ def test_corrected_two_pass_is_flat_in_the_offset_in_float32(offset):
     x = (offset + rng.standard_normal((32, 256))).astype(np.float32)
     ref = exact(x)
     u, L = 2.0**-24, np.log2(256)
-    corrected = corrected_two_pass(x).var.astype(np.float64)
+    result = corrected_two_pass(x)
+    corrected = result.var.astype(np.float64)
     err = np.abs(corrected - ref.var) / ref.var
     assert err.max() < 4 * L * u
+    # Its mean, m_hi + m_lo, is one rounding of |mean| plus m_lo's own sum
+    # (L u of the spread) away from the exact mean; m_hi alone is not.
+    mean_err = np.abs(result.mean.astype(np.float64) - ref.mean)
+    assert np.all(mean_err <= u * np.abs(ref.mean) + L * u * np.sqrt(ref.var))
     if offset >= 1e6:  # where (L u kappa)**2 far exceeds L u, two-pass is worse
         plain = two_pass(x).var.astype(np.float64)
         assert (np.abs(plain - ref.var) / ref.var).max() > 100 * err.max()
