@@ -184,6 +184,29 @@ def test_dgamma_is_summed_per_block_then_across_blocks(D, rows):
     )
 
 
+@pytest.mark.parametrize("rows", [2 * fused.BLOCK_ROWS + 5,
+                                  fused.CHUNK_ROWS + fused.BLOCK_ROWS + 6])
+@pytest.mark.parametrize("D", [16, fused.GROUP_FROM_D + 1])
+def test_each_block_of_dbeta_holds_the_documented_rows(D, rows):
+    # The test above cannot see which rows share a block (any grouping gives
+    # the same sum to rounding); this one can. dy is 1 in a row of block 0,
+    # 2**-53 in two rows of block 1 and 0 elsewhere: block 1's sum is 2**-52
+    # exactly, and 1 + 2**-52 is a float64. Had either small row gone into
+    # block 0, 1 + 2**-53 would have rounded back to 1 (a tie, to even), and
+    # the total would be 1. Exact whatever the order inside a block. The two
+    # rows are block 1's first and last, so that no grouping of neighbouring
+    # rows puts them in one group (which would add them first, exactly).
+    blocks = _documented_blocks(rows, D)
+    small = [min(blocks[1]), max(blocks[1])]
+    x, gamma, beta, _ = make_inputs((rows, D), np.float64, seed=10)
+    dy = np.zeros((rows, D))
+    dy[blocks[0][0]] = 1.0
+    dy[small] = 2.0**-53
+    _, cache = fused.forward(x, gamma, beta)
+    _, _, dbeta = fused.backward(dy, cache)
+    assert np.all(dbeta == 1.0 + 2.0**-52)
+
+
 def test_partial_sums_are_added_block_after_block_then_rounded_once():
     # 1 + 2**-53 + 2**-53: block after block, each addition is a tie that
     # rounds back to 1 (to even); the other way round the two small ones
@@ -203,18 +226,20 @@ def test_partial_sums_are_added_block_after_block_then_rounded_once():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("D", [1, 7, 8, 33, fused.GROUP_FROM_D + 9, 2 * fused.SPAN + 5])
+@pytest.mark.parametrize("D", [fused.GROUP_FROM_D, fused.GROUP_FROM_D + 9,
+                               2 * fused.SPAN + 5])
 def test_streaming_stores_give_the_same_bits(monkeypatch, dtype, D):
-    # 23 rows: from GROUP_FROM_D on, five groups of four (each group's dx
-    # streamed out span by span after its sums) and three rows one by one
-    # (plain stores); the forward
+    # 23 rows: five groups of four (each group's dx streamed out span by span
+    # after its sums) and three rows one by one (plain stores); the forward
     # streams y and xhat span by span (three spans at 2 * SPAN + 5). Rows of
     # odd length start at every alignment, so the plain stores before and
-    # after the whole lines run.
+    # after the whole lines run. (Shorter rows never stream.)
     x, gamma, beta, dy = make_inputs((23, D), dtype, seed=D)
     plain = fused.forward(x, gamma, beta)
     plain_b = fused.backward(dy, plain[1])
+    assert not fused._streams(plain[0], D)
     monkeypatch.setattr(fused, "STREAM_BYTES", 0)
+    assert fused._streams(plain[0], D)
     # Rows starting at every alignment: slice a wider array one element in.
     wide = np.zeros((23, D + 1), dtype=dtype)
     wide[:, 1:] = x
@@ -706,6 +731,30 @@ def test_mul_add_rounds_once_where_the_cpu_has_fma():
     e = 2.0**-30
     got = mul_add(1 + e, 1 - e, -1.0)
     assert got == (-(e * e) if fused._native_fma() else 0.0)
+
+
+def _cpuinfo_flags() -> set[str] | None:
+    """The CPU flags Linux lists for an x86 CPU, or None elsewhere."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return None  # not x86 (Arm lists "Features")
+
+
+def test_cpu_features_are_those_the_kernel_lists():
+    # The loops pick their float16 conversion and their multiply-add from
+    # these two answers; checked against an independent source, Linux's
+    # /proc/cpuinfo, so that a wrong feature name cannot quietly select the
+    # slow (and, for the multiply-add, differently rounded) path.
+    flags = _cpuinfo_flags()
+    if flags is None or {"NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES"} & set(os.environ):
+        pytest.skip("needs an x86 Linux /proc/cpuinfo and Numba's host CPU")
+    assert fused._native_fma() == ("fma" in flags)
+    assert fused._native_half() == ("f16c" in flags)
 
 
 def test_float16_conversions_need_no_cpu_feature(tmp_path):

@@ -969,8 +969,11 @@ def test_unfused_version_matches_lnorm(device, dtype):
         and got["dgamma"].dtype == np.float32
     )
     err = check.relative_errors(got, check.reference(inp))
+    # Twice the kernels' bounds: its column sums go over the rows in the
+    # library's order, not the kernels' (on the CPU at most 0.71 of BOUND);
+    # an eps of 1e-12 instead of 1e-5 moves float32 y by about 5e-6.
     for name, bound in BOUND[dtype].items():
-        assert err[name] <= 10 * bound, (name, err[name])
+        assert err[name] <= 2 * bound, (name, err[name])
 
 
 def test_unfused_version_keeps_leading_dimensions():
