@@ -7,8 +7,9 @@
 // consecutive rows and holds gamma in registers for all of them. Per row it
 // reads x, dy, the two halves of the mean and rstd once, recomputes
 // xhat = ((x - mean_hi) - mean_lo) * rstd in registers, as the forward
-// centred, makes the two row reductions, and writes dx once. Across its strip it adds dy * xhat and dy into per-thread column
-// partial sums, written at the end as one row of a (row_groups, D) buffer.
+// centred, makes the two row reductions, and writes dx once. Across its
+// strip it adds dy * xhat and dy into per-thread column partial sums,
+// written at the end as one row of a (row_groups, D) buffer.
 // Kernel 2 (ln_bwd_reduce_params) sums that buffer over the row groups in a
 // fixed order. No atomics: every sum has one order, so every run gives the
 // same bits.
@@ -111,8 +112,10 @@ __device__ __forceinline__ void layernorm_backward(
             if (v < nvec) {
 #pragma unroll
                 for (int c = 0; c < VEC; ++c) {
-                    atomicAdd(dgamma_part + v * VEC + c, dgamma_acc[i * VEC + c]);
-                    atomicAdd(dbeta_part + v * VEC + c, dbeta_acc[i * VEC + c]);
+                    atomicAdd(dgamma_part + v * VEC + c,
+                              dgamma_acc[i * VEC + c]);
+                    atomicAdd(dbeta_part + v * VEC + c,
+                              dbeta_acc[i * VEC + c]);
                 }
             }
         }
@@ -216,7 +219,8 @@ __device__ __forceinline__ void backward_row(
     float (&dbeta_acc)[E], LoadRow load_row, RowSum row_sum_of)
 {
     constexpr int VPT = E / VEC;
-    constexpr int KEPT = TWICE ? VEC : E;  // xhat and g kept: one vector, or all
+    // xhat and g kept: one vector, or all
+    constexpr int KEPT = TWICE ? VEC : E;
     const int nvec = D / VEC;
     const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
     const float rs = rstd[row];
@@ -438,7 +442,8 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 // warp holds),
 // (the prefetch buffers;
 // lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the others none.
-#define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, E)\
+#define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
+                                     E)                                      \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
     ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \
                             const T* __restrict__ x,                         \
@@ -482,8 +487,9 @@ LN_LONG_VECTOR_VARIANTS(LN_BACKWARD_GROUPED_LONG_KERNEL)
 // PTX, are the kernel's own).
 template <int SLICES, int BATCH>
 __device__ __forceinline__ void reduce_params(
-    const float* __restrict__ dgamma_part, const float* __restrict__ dbeta_part,
-    int row_groups, int D, float* __restrict__ dgamma,
+    const float* __restrict__ dgamma_part,
+    const float* __restrict__ dbeta_part, int row_groups, int D,
+    float* __restrict__ dgamma,
     float* __restrict__ dbeta, float (&slice_dgamma)[SLICES][32],
     float (&slice_dbeta)[SLICES][32])
 {
@@ -541,7 +547,8 @@ ln_bwd_reduce_params(const float* __restrict__ dgamma_part,
     __shared__ float slice_dgamma[LN_REDUCE_SLICES][32];
     __shared__ float slice_dbeta[LN_REDUCE_SLICES][32];
     reduce_params<LN_REDUCE_SLICES, 1>(dgamma_part, dbeta_part, row_groups, D,
-                                       dgamma, dbeta, slice_dgamma, slice_dbeta);
+                                       dgamma, dbeta, slice_dgamma,
+                                       slice_dbeta);
 }
 
 // v5's: four times the slices and a batch of loads per thread, so that
@@ -550,7 +557,8 @@ extern "C" __global__ void __launch_bounds__(32 * LN_REDUCE_SLICES_WIDE, 1)
 ln_bwd_reduce_params_wide(const float* __restrict__ dgamma_part,
                           const float* __restrict__ dbeta_part,
                           int row_groups, int D,
-                          float* __restrict__ dgamma, float* __restrict__ dbeta)
+                          float* __restrict__ dgamma,
+                          float* __restrict__ dbeta)
 {
     __shared__ float slice_dgamma[LN_REDUCE_SLICES_WIDE][32];
     __shared__ float slice_dbeta[LN_REDUCE_SLICES_WIDE][32];

@@ -15,14 +15,17 @@
 #define LN_REDUCE_SLICES 8       // dgamma/dbeta reduction: threads per column
 #define LN_REDUCE_SLICES_WIDE 32 // the same, v5's reduction
 #define LN_REDUCE_BATCH 8        // v5's reduction: loads per thread in flight
-#define LN_FWD_ROWS_IN_FLIGHT 3  // v5's forward: rows whose loads are in flight
-#define LN_FWD_THREADS_PER_SM 1024 // ... and threads an SM holds (16-byte vectors)
-#define LN_BWD_ROWS_IN_FLIGHT 2  // v5's backward: the same (x and dy: twice the bytes)
+// v5's forward: rows whose loads are in flight, and threads an SM holds
+// (16-byte vectors); v5's backward: rows in flight (x and dy: twice the bytes)
+#define LN_FWD_ROWS_IN_FLIGHT 3
+#define LN_FWD_THREADS_PER_SM 1024
+#define LN_BWD_ROWS_IN_FLIGHT 2
 // ... of rows a warp holds (short rows: more of them; 48 and 32 KiB of buffers
 // a block of 128 threads, so that four blocks fit an SM's shared memory)
 #define LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
 #define LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
-#define LN_LONG_ELEMS_PER_THREAD 24 // v5's rows past registers: elements a thread takes
+// v5's rows past registers: elements a thread takes
+#define LN_LONG_ELEMS_PER_THREAD 24
 // Largest block of each kind, for __launch_bounds__.
 #define LN_WARP_THREADS (32 * LN_WARPS_PER_BLOCK)
 #define LN_BLOCK_THREADS LN_MAX_ROW_THREADS
@@ -336,7 +339,8 @@ __device__ __forceinline__ V group_sum(V v, int group_threads) {
     __shared__ V warp_part[LN_MAX_ROW_THREADS / 32];
     __shared__ V group_part[LN_MAX_ROW_THREADS / 32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int wpg = group_threads >> 5, group = warp / wpg, first = group * wpg;
+    const int wpg = group_threads >> 5, group = warp / wpg;
+    const int first = group * wpg;
     v = warp_sum(v);
     if (lane == 0) warp_part[warp] = v;
     __syncthreads();

@@ -26,8 +26,8 @@ template <typename T, int VEC, bool STREAM = false,
 __device__ __forceinline__ void forward_row(
     const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ y,
     float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
-    float* __restrict__ rstd_out, long long row, int D, float eps, int t, int G,
-    bool active, LoadRow load_row, RowSum row_sum_of)
+    float* __restrict__ rstd_out, long long row, int D, float eps, int t,
+    int G, bool active, LoadRow load_row, RowSum row_sum_of)
 {
     constexpr int VPT = E / VEC;  // vectors per thread
     const int nvec = D / VEC;
@@ -90,7 +90,8 @@ __device__ __forceinline__ void forward_row(
 #pragma unroll
             for (int c = 0; c < VEC; ++c)
                 out[c] = xv[i * VEC + c] * rstd * g[c] + b[c];
-            if constexpr (STREAM) VecStream<T, VEC>::store(yrow + v * VEC, out);
+            if constexpr (STREAM)
+                VecStream<T, VEC>::store(yrow + v * VEC, out);
             else Vec<T, VEC>::store(yrow + v * VEC, out);
         }
     }
@@ -211,8 +212,8 @@ __device__ __forceinline__ void layernorm_forward_grouped(
 // registers each (the plan's forward strips fill one wave of them).
 #define LN_FWD_MIN_BLOCKS(T, VEC, MAX_THREADS)                              \
     ((VEC) * sizeof(T) == 16 ? LN_FWD_THREADS_PER_SM / (MAX_THREADS) : 1)
-#define LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, E, \
-                                    MIN_BLOCKS)                              \
+#define LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
+                                    E, MIN_BLOCKS)                          \
     extern "C" __global__ void __launch_bounds__(MAX_THREADS, MIN_BLOCKS)    \
     ln_fwd_grouped_##SUFFIX(const T* __restrict__ x,                         \
                             const T* __restrict__ gamma,                     \

@@ -53,8 +53,8 @@ __device__ __forceinline__ void for_row(int chunks, int t, int G, int nvec,
 // One pass over a row of values: f(xv) for each of thread t's vectors, xv its
 // VEC elements as floats.
 template <typename T, int VEC, typename F>
-__device__ __forceinline__ void over_row(const T* row, int chunks, int t, int G,
-                                         int nvec, F f) {
+__device__ __forceinline__ void over_row(const T* row, int chunks, int t,
+                                         int G, int nvec, F f) {
     for_row<LN_ELEMS_PER_THREAD / VEC>(chunks, t, G, nvec, [&](long long v) {
         float xv[VEC];
         Vec<T, VEC>::load(row + v * VEC, xv);
@@ -142,7 +142,8 @@ __device__ __forceinline__ void layernorm_backward_long(
     const int chunks = (nvec - 1) / (VPT * G) + 1;  // nvec >= 1; no overflow
     const long long first = group * rows_per_group;
     // rows_per_group <= LN_LONG_STRIP (the plan makes it so)
-    const int strip = (int)(min(first + rows_per_group, (long long)rows) - first);
+    const int strip =
+        (int)(min(first + rows_per_group, (long long)rows) - first);
 
     // Pass 1, row by row: sum(g) and sum(g * xhat), as the register kernel's
     // step 1; the two means wait in shared memory for pass 2.
@@ -167,7 +168,8 @@ __device__ __forceinline__ void layernorm_backward_long(
             }
         });
         part = block_sum(part);
-        if (t == 0) means[r] = make_float2(part.x / (float)D, part.y / (float)D);
+        if (t == 0)
+            means[r] = make_float2(part.x / (float)D, part.y / (float)D);
     }
     __syncthreads();  // every row's means, seen by every thread
 

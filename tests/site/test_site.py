@@ -352,7 +352,7 @@ def visits() -> dict[str, Visit]:
                     dom=dom,
                     requests=tuple(requests[first_request:]),
                     outside=tuple(outside[first_outside:]),
-                    console_errors=tuple(browser.exceptions()),
+                    console_errors=tuple(browser.errors()),
                     sideways=sideways,
                     page_urls=tuple(
                         e["params"]["request"]["url"] for e in browser.events
@@ -499,6 +499,27 @@ def test_page_images_exist(visits: dict[str, Visit], docname: str) -> None:
             assert head.startswith(IMAGE_MAGIC.get(suffix, b"")) and len(head) > 64, (
                 f"{src} is not a {suffix} image"
             )
+
+
+@pytest.mark.parametrize("docname", PAGES)
+def test_every_figure_a_cell_drew_is_on_the_page(
+    visits: dict[str, Visit], docname: str
+) -> None:
+    # The test above checks the images that are there; this one, that none
+    # of the executed notebook's image outputs went missing on the way.
+    executed = SITE / "_sources" / f"{docname}.ipynb"
+    if not executed.is_file():  # a page that is not a notebook
+        assert not visits[docname].dom.select(".cell_output"), docname
+        return
+    cells = json.loads(executed.read_text(encoding="utf-8"))["cells"]
+    drawn = sum(
+        any(kind.startswith("image/") for kind in output.get("data", {}))
+        for cell in cells
+        if cell["cell_type"] == "code"
+        for output in cell.get("outputs", [])
+    )
+    shown = len(visits[docname].dom.select(".cell_output img"))
+    assert shown == drawn, f"{docname}: {drawn} figures drawn, {shown} shown"
 
 
 @pytest.mark.parametrize("docname", PAGES)
