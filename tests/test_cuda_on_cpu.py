@@ -369,7 +369,8 @@ def test_control_plain_add_in_v3_is_a_data_race(host, tmp_path):
 
     def plain_add(text):
         return text.replace(
-            "atomicAdd(dgamma_part + v * VEC + c, dgamma_acc[i * VEC + c]);",
+            "atomicAdd(dgamma_part + v * VEC + c,\n"
+            "                              dgamma_acc[i * VEC + c]);",
             "dgamma_part[v * VEC + c] += dgamma_acc[i * VEC + c];", 1)
 
     rc, out = run_control(tmp_path, "layernorm_backward.cu", plain_add, (40, 7), "tsan")
