@@ -63,6 +63,22 @@ RAW_MYST = {
 PLUGINS = ["jupyterlab-jupytext:plugin", "jupyterlab-myst:content-factory"]
 
 
+CODE = re.compile(r"```.*?```|``.*?``|`[^`]*`", re.S)
+DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
+INLINE_MATH = re.compile(r"\$[^$\n]+\$")
+
+
+def formulas_in(markdown: str) -> int:
+    """The $...$ and $$...$$ formulas of a Markdown cell, outside code."""
+    text = CODE.sub(" ", markdown)
+    display = len(DISPLAY_MATH.findall(text))
+    return display + len(INLINE_MATH.findall(DISPLAY_MATH.sub(" ", text)))
+
+
+def test_formulas_in_counts_math_outside_code():
+    assert formulas_in("$a$ and $$b$$, `$c$` and\n```\n$d$\n```") == 2
+
+
 def chapters_with(text: str) -> list[str]:
     """The chapters whose source contains ``text``."""
     return [d for d in chapters() if text in (ROOT / f"{d}.md").read_text()]
@@ -106,6 +122,7 @@ CELL_STATE = """
         ? Array.from(rendered.querySelectorAll('.katex-error'))
             .map(e => e.getAttribute('title') || e.textContent)
         : [];
+      cell.katex = rendered ? rendered.querySelectorAll('.katex').length : 0;
       // A solution renders as a <details> element: closed until clicked.
       cell.closedSolutions = rendered
         ? rendered.querySelectorAll('details.myst-exercise:not([open])').length
@@ -388,6 +405,12 @@ def test_markdown_is_rendered_not_raw(runs: dict[str, Run], doc: str) -> None:
             if c["rendered"] is None:
                 continue
             assert not c["mathErrors"], f"{doc} ({when}): math {c['mathErrors']}"
+            # Every formula of the source typeset: raw inline math would
+            # show neither an error nor a pattern of RAW_MYST.
+            assert c["katex"] >= formulas_in(c["source"]), (
+                f"{doc} ({when}): {c['katex']} formulas typeset, "
+                f"{formulas_in(c['source'])} in a cell starting {c['source'][:60]!r}"
+            )
             for name, pattern in RAW_MYST.items():
                 assert not pattern.search(c["rendered"]), (
                     f"{doc} ({when}): {name} shown raw in a cell starting "
