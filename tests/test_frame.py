@@ -350,6 +350,16 @@ def test_chapter_closes_with_what_to_remember(doc):
     assert 4 <= len(sentences) <= 6, (
         f"{doc}: 'What to remember' has {len(sentences)} sentences"
     )
+    # The section before the exercises, and laws rather than measurements:
+    # no computed value and no measurement-like number in it.
+    headings = re.findall(r"^## (.+)$", (ROOT / f"{doc}.md").read_text(), re.M)
+    at = headings.index("What to remember")
+    assert headings[at + 1:at + 2] == ["Exercises"], f"{doc}: {headings}"
+    source = re.split(r"^## ", (ROOT / f"{doc}.md").read_text(), flags=re.M)
+    body = next(part for part in source if part.startswith("What to remember"))
+    assert not EVAL_ROLE.search(body) and not typed_numbers(body), (
+        f"{doc}: 'What to remember' quotes a measured value"
+    )
 
 
 @pytest.mark.parametrize("doc", converted())
