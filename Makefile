@@ -63,7 +63,9 @@ slow: $(STAMP)
 	$(PY) -m pytest -m slow -q --durations=10
 
 # The built site: pages in headless Chromium (tests/site), links, numbering.
+# Without a site its tests would all skip and pass for nothing: stop instead.
 site-tests: $(STAMP)
+	@test -f $(HTML) || { echo "no site at $(HTML): run make book first"; exit 1; }
 	$(PY) -m pytest -m built_book -q --durations=10
 
 # The chapters run in JupyterLab, as a learner runs them (tests/lab).
