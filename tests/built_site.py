@@ -1,10 +1,13 @@
 """Where the built site is, and which pages it must have: shared by the tests
-of the built book (tests/test_book.py, tests/test_site.py)."""
+of the built book (tests/test_book.py, tests/test_site.py), the frame test
+and the JupyterLab tests; and what of a chapter's Markdown is not prose."""
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +25,22 @@ needs_site = [
         reason=f"site not built: no {SITE / 'index.html'} (run `make book` first)",
     ),
 ]
+
+
+# MyST Markdown that is not prose: code (fences, spans, and with them the
+# roles, {eval}`...` and {cite}`...`), then math, display before inline.
+CODE = re.compile(r"```.*?```|``.*?``|`[^`]*`", re.S)
+DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
+INLINE_MATH = re.compile(r"\$[^$]+\$")
+
+
+def executed_cells(doc: str) -> list[dict] | None:
+    """The cells of the notebook the build executed for ``doc``, or None for a
+    page that is not a notebook."""
+    path = SITE / "_sources" / f"{doc}.ipynb"
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text(encoding="utf-8"))["cells"]
 
 
 def toc_docnames() -> list[str]:

@@ -28,13 +28,21 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-import json
 import re
 
 import jupytext
 import pytest
 from bs4 import BeautifulSoup
-from built_site import ROOT, SITE, needs_site, toc_docnames
+from built_site import (
+    CODE,
+    DISPLAY_MATH,
+    INLINE_MATH,
+    ROOT,
+    SITE,
+    executed_cells,
+    needs_site,
+    toc_docnames,
+)
 
 # Pages of the table of contents that are not chapters: no frame.
 NOT_CHAPTERS = {"book/intro", "book/07_references", "book/glossary"}
@@ -170,18 +178,10 @@ def test_numbers_reach_the_prose_through_eval_only(doc):
 
 
 # A number typed into the prose the way measurements print: two or more
-# decimals, or e-notation. Math, code, {eval} roles, citations and link
-# targets are left out first.
+# decimals, or e-notation. Code (with the roles), math and link targets are
+# left out first.
 TYPED_NUMBER = re.compile(r"(?<![\w.])(\d+\.\d{2,}|\d(?:\.\d+)?e[-+]?\d+)(?!\w)")
-NOT_PROSE = [
-    re.compile(r"```.*?```", re.S),
-    re.compile(r"\$\$.*?\$\$", re.S),
-    re.compile(r"\$[^$]*\$"),
-    re.compile(r"\{eval\}`[^`]*`"),
-    re.compile(r"\{cite[^}]*\}`[^`]*`"),
-    re.compile(r"``.*?``|`[^`]*`"),
-    re.compile(r"\]\([^)]*\)"),
-]
+NOT_PROSE = [CODE, DISPLAY_MATH, INLINE_MATH, re.compile(r"\]\([^)]*\)")]
 # Typed on purpose, and not measured: what each one is.
 NOT_MEASURED = {
     ("book/04b_low_precision", "25.09"): "Apex's release number",
@@ -352,11 +352,11 @@ def test_chapter_closes_with_what_to_remember(doc):
     )
     # The section before the exercises, and laws rather than measurements:
     # no computed value and no measurement-like number in it.
-    headings = re.findall(r"^## (.+)$", (ROOT / f"{doc}.md").read_text(), re.M)
-    at = headings.index("What to remember")
-    assert headings[at + 1:at + 2] == ["Exercises"], f"{doc}: {headings}"
-    source = re.split(r"^## ", (ROOT / f"{doc}.md").read_text(), flags=re.M)
-    body = next(part for part in source if part.startswith("What to remember"))
+    sections = re.split(r"^## ", (ROOT / f"{doc}.md").read_text(), flags=re.M)
+    titles = [part.split("\n", 1)[0] for part in sections]
+    at = titles.index("What to remember")
+    assert titles[at + 1:at + 2] == ["Exercises"], f"{doc}: {titles}"
+    body = sections[at]
     assert not EVAL_ROLE.search(body) and not typed_numbers(body), (
         f"{doc}: 'What to remember' quotes a measured value"
     )
@@ -434,9 +434,8 @@ def test_no_line_of_code_or_output_on_the_page_is_too_long(doc):
 @pytest.mark.parametrize("doc", converted())
 @on_the_site
 def test_solution_code_ran_and_checks_its_answer(doc):
-    executed = SITE / "_sources" / f"{doc}.ipynb"
-    assert executed.is_file(), f"{doc}: the build left no executed notebook {executed}"
-    cells = json.loads(executed.read_text(encoding="utf-8"))["cells"]
+    cells = executed_cells(doc)
+    assert cells is not None, f"{doc}: the build left no executed notebook"
     solutions = [s for s in gated_solution_cells(cells) if s]
     for cell_ids in solutions:
         for i in cell_ids:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numba as nb
 import numpy as np
@@ -736,7 +737,7 @@ def test_mul_add_rounds_once_where_the_cpu_has_fma():
 def _cpuinfo_flags() -> set[str] | None:
     """The CPU flags Linux lists for an x86 CPU, or None elsewhere."""
     try:
-        text = open("/proc/cpuinfo").read()
+        text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
     for line in text.splitlines():

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from built_site import ROOT, toc_docnames
+from built_site import CODE, DISPLAY_MATH, INLINE_MATH, ROOT, toc_docnames
 from cdp import Browser, chromium, free_port
 
 pytestmark = [
@@ -61,11 +61,6 @@ RAW_MYST = {
 }
 # Lab's plugins that make a chapter a rendered notebook.
 PLUGINS = ["jupyterlab-jupytext:plugin", "jupyterlab-myst:content-factory"]
-
-
-CODE = re.compile(r"```.*?```|``.*?``|`[^`]*`", re.S)
-DISPLAY_MATH = re.compile(r"\$\$.*?\$\$", re.S)
-INLINE_MATH = re.compile(r"\$[^$\n]+\$")
 
 
 def formulas_in(markdown: str) -> int:

@@ -31,7 +31,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 from bs4 import BeautifulSoup
-from built_site import ROOT, SITE, needs_site, toc_docnames
+from built_site import ROOT, SITE, executed_cells, needs_site, toc_docnames
 from cdp import Browser, chromium
 
 pytestmark = needs_site
@@ -507,11 +507,10 @@ def test_every_figure_a_cell_drew_is_on_the_page(
 ) -> None:
     # The test above checks the images that are there; this one, that none
     # of the executed notebook's image outputs went missing on the way.
-    executed = SITE / "_sources" / f"{docname}.ipynb"
-    if not executed.is_file():  # a page that is not a notebook
+    cells = executed_cells(docname)
+    if cells is None:  # a page that is not a notebook
         assert not visits[docname].dom.select(".cell_output"), docname
         return
-    cells = json.loads(executed.read_text(encoding="utf-8"))["cells"]
     drawn = sum(
         any(kind.startswith("image/") for kind in output.get("data", {}))
         for cell in cells
