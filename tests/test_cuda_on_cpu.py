@@ -107,6 +107,11 @@ GROUPED_SHAPES = ((70, 7), (37, 512), (150, 768), (200, 1027), (40, 4096),
 #: empty and a strip of one row after a full one; float16 at the longest row
 #: v5 takes, every vector of a thread used.
 GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16))
+#: v5's rows past one block, held by a cluster of 2, 4 and 8 blocks (a
+#: constant row, a NaN, a last slice partly or wholly empty), one dtype each
+#: as above: 1024 to 4096 threads at once, and a second stage as wide as the
+#: row, seconds each on the CPU.
+CLUSTER_CASES = ((3, 16384, F32), (2, 20000, F16), (2, 65536, F32))
 
 
 def test_shapes_reach_every_kernel_variant():
@@ -124,7 +129,7 @@ def test_shapes_reach_every_kernel_variant():
         for direction in ("forward", "backward")
     } | {
         kernels.plan(rows, D, dt, "v5").kernel(direction)
-        for rows, D, _ in GROUPED_LONG_CASES
+        for rows, D, _ in GROUPED_LONG_CASES + CLUSTER_CASES
         for dt in (F32, F16)  # the cases' one dtype each reach one variant
         for direction in ("forward", "backward")
     }
@@ -266,6 +271,24 @@ def test_launch_checks_argument_kinds(host):
         host.launch("ln_bwd_reduce_params", (1,), (32, 8), (np.zeros(1), 1))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rows, D, dtype", [
+    pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}") for rows, D, dt in CLUSTER_CASES])
+def test_v5_clusters_equal_emulation_bit_for_bit(host, rows, D, dtype):
+    """The blocks of a cluster run at once, each with its own shared memory,
+    and hand their slices' sums over as on a GPU: the same bits as the
+    emulation's order (slices in order), which is not v4's."""
+    p = kernels.plan(rows, D, dtype, "v5")
+    assert p.cluster > 1
+    inp = check.make_inputs(rows, D, dtype, seed=D)
+    inp["x"][0] = 3  # constant: every slice's sums zero but the first pass's
+    inp["x"][-1, -1] = np.nan  # in the last slice: its row turns NaN
+    got, want = run_both(host, inp, "v5")
+    assert_same_bits(got, want, f"v5 clusters of {p.cluster}, rows={rows}, D={D}",
+                     nan_payload=False)
+    assert np.isnan(got["y"][-1]).all() and np.isfinite(got["y"][0]).all()
+
+
 # ---- sanitizers and negative controls (slow) ----------------------------------------
 
 
@@ -322,6 +345,54 @@ def test_sanitizers_find_nothing(host, kind):
     assert rc == 0 and out.count("selftest passed") == 2 * len(SANITIZED_SHAPES), (
         out[-4000:])
     assert not [d for d in DIRTY if d in out], out[-4000:]
+
+
+#: v5's clusters under ThreadSanitizer: the forward at (2, 16384) (a cluster
+#: of 2: 1024 threads at once) and the backward's cluster kernel alone (its
+#: second stage is the one sanitized above), each against the emulation.
+CLUSTER_SANITIZED = """
+import numpy as np
+from lnorm.gpu import check, emulate, kernels
+from lnorm.gpu.host import HostLayerNorm
+host = HostLayerNorm({flags!r}, {src!r})
+inp = check.make_inputs(2, 16384, "float32", seed=5)
+x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
+got = host.forward(x, g, b, rung="v5")
+want = emulate.forward(x, g, b, rung="v5")
+assert all(a.tobytes() == w.tobytes() for a, w in zip(got, want)), "forward"
+p = kernels.plan(2, 16384, "float32", "v5")
+name, grid, block, ints = p.backward_launch()
+with host.buffers() as new:
+    ins = [new(a.shape, a.dtype, a) for a in (dy, x, g, *want[1:])]
+    dx = new(x.shape, x.dtype)
+    parts = [new((p.partial_rows, p.D), np.float32) for _ in range(2)]
+    host.launch(name, grid, block, (*ins, dx, *parts, *ints), p.backward_shared_bytes)
+    assert dx.tobytes() == emulate.backward(dy, x, g, *want[1:], rung="v5")[0].tobytes()
+print("clusters ok")
+"""
+
+
+@pytest.mark.slow
+def test_clusters_under_thread_sanitizer(host):
+    flags = cpu.SANITIZE["tsan"]
+    rc, out = run(CLUSTER_SANITIZED.format(flags=tuple(flags), src=None), flags)
+    assert rc == 0 and "clusters ok" in out, out[-4000:]
+    assert not [d for d in DIRTY if d in out], out[-4000:]
+
+
+@pytest.mark.slow
+def test_control_cluster_sum_without_the_cluster_barrier_is_a_data_race(host, tmp_path):
+    """With a block's barrier in place of the cluster's, a block reads its
+    slots while the other block of its cluster may still be writing them."""
+
+    def block_barrier(text):
+        return text.replace("    cluster_sync();\n    V total = slots[0];",
+                            "    __syncthreads();\n    V total = slots[0];", 1)
+
+    src = modified_copy(tmp_path, kernels.COMMON_FILE, block_barrier)
+    flags = cpu.SANITIZE["tsan"]
+    rc, out = run(CLUSTER_SANITIZED.format(flags=tuple(flags), src=src), flags, src)
+    assert rc != 0 and RACE in out and "cluster_sum" in out, out[-4000:]
 
 
 RACE = "WARNING: ThreadSanitizer: data race"

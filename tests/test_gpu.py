@@ -6,10 +6,13 @@ The compilation and PTX tests run on any machine (NVRTC needs no GPU). The
 tests that launch kernels skip with the reason lnorm.gpu.available() gives.
 """
 
+import functools
 import json
+import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,7 @@ GROUPED = re.compile(r"ln_bwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 FWD_GROUPED = re.compile(r"ln_fwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 LONG = re.compile(r"ln_(fwd|bwd)_long_(f32|f16)_v(\d)")
 GROUPED_LONG = re.compile(r"ln_(fwd|bwd)_grouped_long_(f32|f16)_v(\d)")
+CLUSTER = re.compile(r"ln_(fwd|bwd)_grouped_cluster([248])_(f32_v4|f16_v8)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
 # The shapes the book checks (every kernel variant), and rows of one element.
@@ -109,11 +113,17 @@ def test_constants_are_read_from_the_source():
         "LN_BWD_WARP_ROWS_IN_FLIGHT_F16",
         "LN_LONG_ELEMS_PER_THREAD",
         "LN_LONG_STRIP",
+        "LN_MAX_CLUSTER",
+        "LN_CLUSTER_SCRATCH_BYTES",
     }
     assert kernels.max_D() == E * C["LN_MAX_ROW_THREADS"] == 8192
-    # v5 takes GPT-3's rows (12288), float32 and float16, as 16-byte vectors.
-    assert kernels.max_D("v5") == C["LN_LONG_ELEMS_PER_THREAD"] * 512 == 12288
+    # One block of v5 takes GPT-3's rows (12288), float32 and float16, as
+    # 16-byte vectors; a cluster of up to 8 blocks rows up to 8 x 8192.
+    assert kernels.max_D_block() == C["LN_LONG_ELEMS_PER_THREAD"] * 512 == 12288
     assert C["LN_LONG_ELEMS_PER_THREAD"] % 8 == 0
+    assert kernels.max_D("v5") == C["LN_MAX_CLUSTER"] * kernels.max_D() == 65536
+    # a float2 slot per warp of the largest block, two per block of a cluster
+    assert C["LN_CLUSTER_SCRATCH_BYTES"] == 8 * (512 // 32 + 2 * 8)
     assert kernels.max_D("v3") == kernels.max_D()
     with pytest.raises(ValueError, match="rung must be one of"):
         kernels.max_D("v9")
@@ -160,6 +170,14 @@ def test_checked_shapes_reach_every_kernel():
     assert reached == {
         name for name in ALL_KERNELS if MAIN.fullmatch(name) or LONG.fullmatch(name)
     }
+    # and check.CLUSTER_SHAPES every kernel of v5's clusters
+    clusters = {
+        kernels.plan(rows, D, dtype, "v5").kernel(direction)
+        for rows, D in check.CLUSTER_SHAPES
+        for dtype in (np.float32, np.float16)
+        for direction in ("forward", "backward")
+    }
+    assert clusters == {name for name in ALL_KERNELS if CLUSTER.fullmatch(name)}
     assert len(reached) == 24
 
 
@@ -331,10 +349,18 @@ def compiled(request):
     return request.param, reports, usage
 
 
+def arch_kernels(arch: str) -> set:
+    """The kernels an architecture's PTX has: those of clusters from sm_90."""
+    if int(arch[3:]) >= 90:
+        return ALL_KERNELS
+    return {k for k in ALL_KERNELS if kernels.cluster_blocks(k) == 1}
+
+
 def test_every_kernel_compiles(compiled):
-    _, reports, _ = compiled
-    assert len(ALL_KERNELS) == 54
-    assert set(reports) == ALL_KERNELS
+    arch, reports, _ = compiled
+    assert len(ALL_KERNELS) == 66
+    assert len([k for k in ALL_KERNELS if CLUSTER.fullmatch(k)]) == 12
+    assert set(reports) == arch_kernels(arch)
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
 
@@ -659,7 +685,7 @@ def test_registers_fit_the_block_and_nothing_spills(compiled):
     arch, reports, usage = compiled
     if usage is None:
         pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
-    assert set(usage) == ALL_KERNELS
+    assert set(usage) == arch_kernels(arch)
     for name, u in usage.items():
         assert u.spill_stores == 0 and u.spill_loads == 0 and u.stack_frame == 0, (
             arch,
@@ -840,14 +866,170 @@ def test_atomic_kernel_name():
         "ln_fwd_block_f16_v8")  # the forward is the same for every rung
     with pytest.raises(ValueError, match="max_D"):
         kernels.plan(4, 8200, "float32", "v3")
-    # v5 past max_D(): rows of 16-byte vectors up to max_D("v5") only
+    # v5 past max_D(): rows of 16-byte vectors up to max_D("v5") only, one
+    # block up to max_D_block(), then clusters of 2, 4, 8 blocks
     assert kernels.plan(4, 12288, "float32", "v5").kernel("backward") == (
         "ln_bwd_grouped_long_f32_v4")
-    for D, dtype in ((12289, "float32"), (8196, "float16"), (12296, "float16")):
+    assert kernels.plan(4, 12296, "float16", "v5").kernel("forward") == (
+        "ln_fwd_grouped_cluster2_f16_v8")
+    for D, dtype in ((12289, "float32"), (8196, "float16"), (65544, "float16"),
+                     (65540, "float32"), (16385, "float32")):
         with pytest.raises(ValueError, match=r"max_D\('v5'\)"):
             kernels.plan(4, D, dtype, "v5")
     with pytest.raises(ValueError, match="rung must be one of"):
         kernels.plan(4, 64, "float32", "v6")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("D, cluster", [
+    (12288, 1), (12296, 2), (16384, 2), (16392, 4), (24576, 4), (32768, 4),
+    (32776, 8), (40000, 8), (65536, 8)])
+def test_v5_clusters_cover_rows_past_one_block(D, cluster, dtype):
+    """Past max_D_block() a cluster of 2, 4 or 8 blocks holds a row, a slice
+    of max_D() elements each (the power of two that covers the slices); its
+    grids count blocks, its partial rows clusters."""
+    rows = 1000
+    p = kernels.plan(rows, D, dtype, "v5")
+    assert p.cluster == cluster
+    if cluster == 1:
+        return
+    slices = -(-D // kernels.max_D())
+    assert cluster // 2 < slices <= cluster <= C["LN_MAX_CLUSTER"]
+    suffix = "f32_v4" if dtype == "float32" else "f16_v8"
+    for direction, short in (("forward", "fwd"), ("backward", "bwd")):
+        assert p.kernel(direction) == f"ln_{short}_grouped_cluster{cluster}_{suffix}"
+        assert kernels.cluster_blocks(p.kernel(direction)) == cluster
+    assert p.block == p.backward_block == C["LN_MAX_ROW_THREADS"]
+    assert p.forward_grid % cluster == 0 and p.backward_grid % cluster == 0
+    assert p.partial_rows == p.row_groups == p.backward_grid // cluster
+    # strips cover every row once
+    strips = p.row_groups * p.rows_per_group
+    assert strips - p.rows_per_group < rows <= strips
+    fwd_groups = p.forward_grid // cluster
+    assert ((fwd_groups - 1) * p.forward_rows_per_group < rows
+            <= fwd_groups * p.forward_rows_per_group)
+    # prefetch buffers of a slice, as a block of max_D() holds, and the slots
+    vectors = E * p.dtype.itemsize // 16
+    for direction, tensors, shared in (("forward", 1, p.forward_shared_bytes),
+                                       ("backward", 2, p.backward_shared_bytes)):
+        k = p.rows_in_flight(direction)
+        assert shared == (k * tensors * 16 * vectors * 512
+                          + C["LN_CLUSTER_SCRATCH_BYTES"]) <= 227 * 1024
+
+
+@pytest.mark.parametrize("rows, D, dtype", [(8192, 16384, "float32"),
+                                            (4096, 32768, "float32"),
+                                            (2048, 65536, "float32"),
+                                            (2048, 65536, "float16")])
+def test_v5_clusters_take_strips_for_several_waves(rows, D, dtype):
+    """Clusters take strips for CLUSTER_WAVES waves (the backward no shorter
+    than the partial sums' budget allows), not one as the other rungs do."""
+    p = kernels.plan(rows, D, dtype, "v5")
+    wave = kernels.wave_blocks(512) // p.cluster  # clusters in one wave
+    budget = 16 / (kernels.PARTIALS_BUDGET * 3 * p.dtype.itemsize)
+    floor = 1 << math.ceil(math.log2(budget))  # the doubled strip
+    assert p.rows_per_group == max(floor, -(-rows // (kernels.CLUSTER_WAVES * wave)))
+    assert p.partials_bytes <= kernels.PARTIALS_BUDGET * rows * D * 3 * p.dtype.itemsize
+    fwd_wave = kernels.wave_blocks(512, 128 * C["LN_FWD_THREADS_PER_SM"]) // p.cluster
+    assert p.forward_grid // p.cluster == kernels.CLUSTER_WAVES * fwd_wave
+    assert kernels.CLUSTER_WAVES > 1
+
+
+def test_emulated_cluster_row_sum_adds_the_slices_in_order():
+    """A row a cluster holds: each slice of max_D() summed as such a row, the
+    slices' sums added left to right. Rows built so that the order shows:
+    slice sums 2**24, 1, 1 make 2**24 left to right (each 1 rounds away, to
+    even) and 2**24 + 2 if the ones met first."""
+    D = 3 * kernels.max_D()  # three slices, a cluster of 4 (the last empty)
+    p = kernels.plan(2, D, "float32", "v5")
+    assert p.cluster == 4
+    a = np.zeros((2, D), np.float32)
+    a[:, 0] = 2.0**24
+    a[:, kernels.max_D()] = 1.0
+    a[:, 2 * kernels.max_D()] = 1.0
+    got = emulate.row_sum(a, p)
+    assert got.tolist() == [2.0**24, 2.0**24]
+    a[1, 0] = 0.0  # no big term: exact
+    assert emulate.row_sum(a, p)[1] == 2.0
+    # and in general: the slices' own sums, in order
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((3, 40000)).astype(np.float32) * 1e3
+    q = kernels.plan(3, 40000, "float32", "v5")
+    whole = kernels.plan(3, kernels.max_D(), "float32")
+    want = np.zeros(3, np.float32)
+    for r in range(q.cluster):
+        piece = np.zeros((3, kernels.max_D()), np.float32)
+        part = b[:, r * kernels.max_D():(r + 1) * kernels.max_D()]
+        piece[:, :part.shape[1]] = part
+        want = want + emulate.row_sum(piece, whole)
+    assert emulate.row_sum(b, q).tobytes() == want.tobytes()
+
+
+def test_cluster_kernels_exchange_sums_by_remote_writes(compiled):
+    """sm_90's PTX: each cluster kernel is compiled for its cluster size, writes
+    each row sum into the other blocks' shared memory (st.shared::cluster, one
+    store a sum: three in the forward, two for the backward's float2) and never
+    reads theirs; a cluster barrier per sum (the row loop is not unrolled:
+    three in the forward, one in the backward) and one before it exits. No
+    other kernel touches a cluster."""
+    arch, reports, _ = compiled
+    if arch != "sm_90":
+        assert not any(CLUSTER.fullmatch(k) for k in reports)
+        return
+    ptx_text = {f: kernels.compile_ptx(f, arch) for f in kernels.REGISTER_FILES}
+    entries = {k: v for t in ptx_text.values() for k, v in ptx.entries(t).items()}
+    for name, text in entries.items():
+        found = CLUSTER.fullmatch(name)
+        if not found:
+            assert "cluster" not in text.replace(name, ""), name
+            continue
+        assert f".reqnctapercluster {found.group(2)}, 1, 1" in text, name
+        sums = 3 if found.group(1) == "fwd" else 1
+        stores = text.count("st.shared::cluster")
+        assert stores == (3 if found.group(1) == "fwd" else 2), (name, stores)
+        assert "ld.shared::cluster" not in text, name
+        assert text.count("barrier.cluster.arrive") == sums + 1, name
+        assert text.count("barrier.cluster.wait") == sums + 1, name
+
+
+@pytest.mark.parametrize("D", [16384, 65536])
+def test_v5_cluster_errors_stay_within_the_derived_bound(D):
+    """The slices' sums add C - 1 to the depth, which stays near a block's
+    (33 at 65536), where v4's long rows reach 138."""
+    bound = check.error_bounds(D, "v5")
+    p = kernels.plan(1, D, "float32", "v5")
+    assert bound["depth"] == E + 10 + p.cluster - 1 <= 33
+    assert check.error_bounds(D)["depth"] > bound["depth"] + 14
+    fwd = functools.partial(emulate.forward, rung="v5")
+    bwd = functools.partial(emulate.backward, rung="v5")
+    for offset in (0.0, 1e6):
+        for dy_offset in (0.0, 1e3):
+            err = check.offset_errors(fwd, bwd, D, offset, dy_offset, rows=4)
+            assert err["y"] <= bound["y"] and err["dx"] <= bound["dx"], (offset, err)
+
+
+def test_model_of_clusters_spreads_a_group_over_its_blocks():
+    """A cluster's group takes C blocks' room on the GPU, and every row sum
+    pays the cluster's reduction on top of the block's: exposed where a group
+    keeps one row in flight, hidden behind the prefetched rows where it keeps
+    two (the model's claim, which the GPU chapter sets against an H200)."""
+    p = kernels.plan(2048, 65536, "float32", "v5")
+    pred = model.predict("backward", 2048, 65536, "float32", rung="v5")
+    per_sm = pred.blocks_per_sm
+    assert pred.concurrent_groups == min(p.row_groups,
+                                         per_sm * model.H100.sm_count // p.cluster)
+    free = replace(model.H100, cluster_reduction=0.0)
+    assert model.predict("backward", 2048, 65536, "float32", rung="v5",
+                         device=free).time == pred.time  # hidden
+    one, none = (model.predict("backward", 2048, 65536, "float32", rung="v5",
+                               device=d, rows_in_flight=1) for d in (model.H100, free))
+    assert one.time - none.time == pytest.approx(
+        one.steps * model.H100.cluster_reduction, rel=1e-9)
+    one = kernels.plan(8192, 8192, "float32", "v5")
+    assert one.cluster == 1  # no cluster, nothing charged
+    assert (model.predict("backward", 8192, 8192, "float32", rung="v5",
+                          device=free).time
+            == model.predict("backward", 8192, 8192, "float32", rung="v5").time)
 
 
 # --- on a GPU -------------------------------------------------------------------------
@@ -886,8 +1068,11 @@ def test_atomic_backward_v3_on_the_gpu(fused, rows, D, dtype):
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("rows, D", [(5000, 64), (300, 768), (100, 1027), (8192, 4096),
-                                     (300, 12288)])
+                                     (300, 12288), *check.CLUSTER_SHAPES, (64, 40000)])
 def test_grouped_backward_v5_on_the_gpu(fused, rows, D, dtype):
+    if not fused.takes(rows, D, dtype, "v5"):
+        pytest.skip(f"this GPU cannot launch v5 at {rows} x {D} {dtype} (clusters "
+                    "need sm_90, prefetch buffers the shared memory)")
     inp = check.make_inputs(rows, D, dtype, seed=D)
     got = check.forward_backward(fused.forward, fused.backward, inp, "v5")
     want = check.forward_backward(emulate.forward, emulate.backward, inp, "v5")
@@ -1389,7 +1574,7 @@ def test_model_registers_match_ptxas():
         pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
     _, usage = ptx.inspect_kernels("sm_90")
     for short, regs in model.REGISTERS.items():
-        kind = "" if short.endswith("_long") else "_block"
+        kind = "" if short.endswith("_long") or "_cluster" in short else "_block"
         measured = usage[f"ln_{short}{kind}_f32_v4"].registers
         assert abs(measured - regs) <= 8, (short, measured, regs)
     for short, shared in model.STATIC_SHARED.items():

@@ -18,9 +18,11 @@ The kernels are the ``*.cu`` files next to this module:
   finish; ``ln_bwd_grouped_*`` (v5) lets the row groups of a block add their
   column sums in shared memory first, one partial row per block, and copies
   the next row into shared memory (``cp.async``) while it works on this one
-  (``ln_bwd_grouped_long_*``: rows up to ``max_D("v5")`` that registers do
-  not hold with ``x`` and ``dy``, read from that copy twice; the forward
-  files hold v5's forward kernels likewise);
+  (``ln_bwd_grouped_long_*``: rows up to ``max_D_block()`` that registers
+  do not hold with ``x`` and ``dy``, read from that copy twice;
+  ``ln_bwd_grouped_cluster*``: longer rows, up to ``max_D("v5")``, shared by
+  a cluster of 2, 4 or 8 blocks, sm_90 and later; the forward files hold
+  v5's forward kernels likewise);
 * ``layernorm_long.cu``: both passes for rows longer than a block holds in
   registers (``D > max_D()``), taken in chunks and read again for every pass
   over the row, with the same order of every sum (the emulation covers them

@@ -26,10 +26,11 @@ from ..bench import make_inputs as bench_inputs
 from ..core import backward as core_backward
 from ..core import forward as core_forward
 from ..gradcheck import compare_gradients
-from .kernels import LaunchPlan, plan
+from .kernels import LaunchPlan, constants, plan
 
 __all__ = [
-    "SHAPES", "make_inputs", "forward_backward", "reference", "relative_errors",
+    "SHAPES", "CLUSTER_SHAPES", "make_inputs", "forward_backward", "reference",
+    "relative_errors",
     "summation_depth", "error_bounds", "order_bound", "atomic_check", "offset_errors",
 ]
 
@@ -42,6 +43,10 @@ SHAPES = (
     (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64),
     (20, 12288), (6, 12289),
 )
+#: ``(rows, D)`` past :func:`lnorm.gpu.kernels.max_D_block`, where v5's rows
+#: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): the
+#: last slice full, partly empty (20000) and whole.
+CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 65536))
 
 
 def _host(a) -> np.ndarray:
@@ -215,7 +220,9 @@ def summation_depth(p: LaunchPlan) -> int:
     sequence, then a warp's 32 partial sums meet in 5 shuffle rounds, and a
     block's warps in 5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)`` for
     the kernels that hold the row in registers; ``chunks`` times as many
-    elements per thread for the long-row kernels.
+    elements per thread for the long-row kernels; for v5's clusters of
+    ``C`` blocks, a slice's depth (``LN_ELEMS_PER_THREAD + 10``) and the
+    ``C - 1`` additions of the slices' sums.
 
     Parameters
     ----------
@@ -241,13 +248,17 @@ def summation_depth(p: LaunchPlan) -> int:
     26
     >>> summation_depth(plan(1, 12288, np.float32))  # 24 a thread (2 chunks), 5 + 5
     34
+    >>> summation_depth(plan(1, 65536, np.float32, "v5"))  # 8 slices: 16 + 10 + 7
+    33
     """
+    if p.cluster > 1:
+        return constants()["LN_ELEMS_PER_THREAD"] + 10 + p.cluster - 1
     nvec = p.D // p.vec
     serial = -(-nvec // p.threads_per_row) * p.vec
     return serial + 5 + (5 if p.per_block else 0)
 
 
-def error_bounds(D: int) -> dict[str, float]:
+def error_bounds(D: int, rung: str = "v4") -> dict[str, float]:
     r"""Bound the first-order error of the float32 kernels, for any row offset.
 
     With ``u = 2**-24`` and ``k`` the :func:`lnorm.gpu.check.summation_depth`
@@ -273,7 +284,8 @@ def error_bounds(D: int) -> dict[str, float]:
     summed by 512 threads, the busiest adding ``vec * ceil(D / vec / 512)``
     elements in sequence, so there ``k = vec * ceil(D / vec / 512) + 10 <= 16
     ceil(D / 8192) + 10`` grows linearly in ``D`` (34 at ``D = 12288``, 138 at
-    65536). Nothing depends on the offset of ``x``:
+    65536), but for v5's clusters of blocks, whose depth stays ``16 + 10 + C
+    - 1 <= 33`` (``rung="v5"``). Nothing depends on the offset of ``x``:
     that is the point of the corrected mean. Measured errors sit far below (random
     rounding errors grow like ``sqrt(k)``, not ``k``).
 
@@ -285,6 +297,9 @@ def error_bounds(D: int) -> dict[str, float]:
     ----------
     D : int
         Row length, as :func:`lnorm.gpu.kernels.plan` accepts it.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        Whose order of the row sums (v3's is v4's; v5's differs only for the
+        rows its clusters take).
 
     Returns
     -------
@@ -294,7 +309,7 @@ def error_bounds(D: int) -> dict[str, float]:
     Raises
     ------
     ValueError
-        ``D`` outside ``1 .. MAX_ROW``.
+        ``D`` outside ``1 .. MAX_ROW``, or one the rung does not take.
 
     See Also
     --------
@@ -306,7 +321,7 @@ def error_bounds(D: int) -> dict[str, float]:
     >>> b["depth"], b["y"] * 2**24, b["dx"] * 2**24  # (1.5 k + 8) u, (2 k + 12) u
     (26, 47.0, 64.0)
     """
-    k = summation_depth(plan(1, D, np.float32))
+    k = summation_depth(plan(1, D, np.float32, rung))
     u = float(np.finfo(np.float32).eps) / 2
     return {"y": (1.5 * k + 8) * u, "dx": (2 * k + 12) * u, "depth": k}
 

@@ -32,6 +32,7 @@ from .kernels import (
     check_backward_args,
     check_forward_args,
     constants,
+    max_D,
     plan,
 )
 
@@ -76,6 +77,10 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     ... of ``vec`` elements, ``G`` threads per row), a warp's 32 lanes meet in
     a butterfly (lane ``i`` plus lane ``i ^ 16``, then ``^ 8``, ..., ``^ 1``),
     and for one row per block, warp 0 combines the warps' sums the same way.
+    A row that a cluster of blocks holds (v5, ``p.cluster > 1``) is cut into
+    slices of ``max_D()`` elements, one a block; each slice is summed so, as a
+    row of ``max_D()`` elements, and the slices' sums are added in order,
+    ``((s_0 + s_1) + s_2) + ...``.
 
     Parameters
     ----------
@@ -101,6 +106,15 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     >>> row_sum(a, plan(2, 600, np.float32)).tolist()
     [179700.0, 539700.0]
     """
+    if p.cluster > 1:  # slices of max_D(), each summed as such a row, in order
+        whole = plan(a.shape[0], max_D(), p.dtype)
+        total = np.zeros(a.shape[0], dtype=F32)
+        for r in range(p.cluster):
+            piece = np.zeros((a.shape[0], max_D()), dtype=F32)
+            part = a[:, r * max_D():(r + 1) * max_D()]
+            piece[:, : part.shape[1]] = part
+            total = row_sum(piece, whole) if r == 0 else total + row_sum(piece, whole)
+        return total
     lanes = _lanes(a, p)
     per_thread = np.zeros((a.shape[0], p.threads_per_row), dtype=F32)
     for i in range(p.vecs_per_thread):  # each thread: its elements in sequence
@@ -361,8 +375,9 @@ def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
 
     Returns
     -------
-    ndarray, float32, shape (backward_grid, D)
-        One partial row per block, what the reduction then sums.
+    ndarray, float32, shape (partial_rows, D)
+        One partial row per block (per cluster of blocks), what the reduction
+        then sums.
 
     See Also
     --------
@@ -376,9 +391,9 @@ def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
     [4.0, 1.0]
     """
     P = p.groups_per_block
-    padded = np.zeros((p.backward_grid * P, p.D), dtype=F32)
+    padded = np.zeros((p.partial_rows * P, p.D), dtype=F32)
     padded[: part.shape[0]] = part
-    blocks = padded.reshape(p.backward_grid, P, p.D)
+    blocks = padded.reshape(p.partial_rows, P, p.D)
     acc = blocks[:, 0].copy()
     for q in range(1, P):
         acc += blocks[:, q]

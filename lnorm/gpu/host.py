@@ -2,7 +2,8 @@ r"""Run the CUDA kernel sources themselves on the CPU, compiled by g++.
 
 The ``.cu`` files are compiled verbatim after ``host/cuda_host.h``, a small
 header that maps CUDA onto the host: one OS thread per CUDA thread, blocks one
-after another, ``__syncthreads()`` a barrier over the block's threads and
+after another (the blocks of a cluster at once), ``__syncthreads()`` a
+barrier over the block's threads and
 ``__shfl_xor_sync`` an exchange among the 32 lanes of a warp (a partial warp,
 or a lane that never arrives, aborts). :class:`HostLayerNorm` launches the
 kernels exactly as :class:`lnorm.gpu.run.FusedLayerNorm` does on a GPU (same
@@ -47,6 +48,7 @@ from .kernels import (
     SOURCE_DIR,
     check_backward_args,
     check_forward_args,
+    cluster_blocks,
     kernel_params,
     rungs_for,
 )
@@ -87,8 +89,9 @@ def _unit(filename: str) -> str:  # no path in it: equal sources give one cache 
     lines = ['#include "cuda_host.h"', f'#include "{filename}"']
     for name in kernel_params(filename):
         lines.append(f'extern "C" void lnorm_launch_{name}(const unsigned* g, '
-                     f'const unsigned* b, void** a, const char* s, unsigned m) '
-                     f'{{ cuda_host::launch({name}, "{name}", g, b, a, s, m); }}')
+                     f'const unsigned* b, void** a, const char* s, unsigned m, '
+                     f'unsigned c) '
+                     f'{{ cuda_host::launch({name}, "{name}", g, b, a, s, m, c); }}')
     return "\n".join(lines) + "\n"
 
 
@@ -324,7 +327,9 @@ class HostLayerNorm:
     def launch(self, kernel: str, grid, block, args, shared: int = 0) -> None:
         r"""Run ``kernel<<<grid, block, shared>>>(*args)``, as a CuPy kernel takes them.
 
-        Blocks run one after another, each with one OS thread per CUDA thread.
+        Blocks run one after another, each with one OS thread per CUDA thread;
+        the blocks of a cluster (v5's ``ln_*_cluster<CL>_*`` kernels, whose
+        clusters of ``CL`` blocks are fixed at compile time) at the same time.
 
         Parameters
         ----------
@@ -384,8 +389,9 @@ class HostLayerNorm:
             sig += kind[1]
         argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         dims = [(ctypes.c_uint * 3)(*(tuple(d) + (1, 1, 1))[:3]) for d in (grid, block)]
-        getattr(self._lib, f"lnorm_launch_{kernel}")(*dims, argv, sig.encode(),
-                                                      ctypes.c_uint(shared))
+        getattr(self._lib, f"lnorm_launch_{kernel}")(
+            *dims, argv, sig.encode(), ctypes.c_uint(shared),
+            ctypes.c_uint(cluster_blocks(kernel)))
 
     def forward(self, x, gamma, beta, eps: float = 1e-5, *, rung: str = "v4") -> tuple:
         r"""Run the fused forward on the CPU, as the GPU class's forward runs it.

@@ -40,6 +40,7 @@ __all__ = [
     "FORWARD_KERNELS",
     "PARTIALS_BUDGET",
     "WAVE_THREADS",
+    "CLUSTER_WAVES",
     "wave_blocks",
     "constants",
     "source",
@@ -49,6 +50,8 @@ __all__ = [
     "LaunchPlan",
     "plan",
     "max_D",
+    "max_D_block",
+    "cluster_blocks",
     "rungs_for",
     "check_forward_args",
     "check_backward_args",
@@ -118,6 +121,17 @@ WAVE_THREADS = 128 * 512
 # thread, so that an SM holds 1024 of their threads, twice the backward's),
 # of WAVE_THREADS for its others.
 
+#: v5's clusters of blocks (rows past :func:`lnorm.gpu.kernels.max_D_block`)
+#: take strips for this many waves of clusters, not one: a cluster's blocks
+#: must run at once on one GPC (a group of SMs), so a GPU holds fewer
+#: clusters at once than its SMs suggest, and one wave of them leaves a tail
+#: of clusters that run alone. On an H200 (2026-11-26), the backward at
+#: 2048 x 65536 in float32 (clusters of 8) ran at 0.46 of the copy's
+#: bandwidth in one wave of 16 clusters and 0.62 in 64; at 8192 x 16384
+#: (clusters of 2) 0.78 in one wave, 0.75 in four. Still a constant: the
+#: plan does not ask the device.
+CLUSTER_WAVES = 4
+
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 #: The name of each rung's backward kernels, ``ln_<name>_{warp|block}_...``;
 #: also the key of its registers in :data:`lnorm.gpu.model.REGISTERS`.
@@ -147,8 +161,9 @@ def constants() -> dict[str, int]:
         the largest block, threads per column of the dgamma/dbeta reduction
         (v4's; v5's, with the loads each of its threads keeps in flight), the
         rows v5's forward and backward keep in flight, the row elements a
-        thread of v5's long-row kernels takes, and rows per strip of v4's
-        long-row backward.
+        thread of v5's long-row kernels takes, the most blocks of v5's
+        clusters and the shared memory their row sums take, and rows per
+        strip of v4's long-row backward.
 
     See Also
     --------
@@ -171,6 +186,8 @@ def constants() -> dict[str, int]:
     LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
     LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
     LN_LONG_ELEMS_PER_THREAD 24
+    LN_MAX_CLUSTER 8
+    LN_CLUSTER_SCRATCH_BYTES 256
     LN_LONG_STRIP 16
     """
     return dict(_constants())
@@ -239,7 +256,9 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     name(...)``) or, one per variant, by a macro ``#define M(SUFFIX, ...)``
     declaring ``prefix##SUFFIX(...)``, or forwarding to such a macro, and
     expanded by a list of variants, ``LN_VARIANTS(M)``,
-    ``LN_LONG_VARIANTS(M)`` or ``LN_LONG_VECTOR_VARIANTS(M)``; all are read.
+    ``LN_LONG_VARIANTS(M)``, ``LN_LONG_VECTOR_VARIANTS(M)`` or
+    ``LN_CLUSTER_VARIANTS(M)``; all are read (the kernels of clusters too,
+    which a GPU before sm_90 does not have).
 
     Parameters
     ----------
@@ -266,7 +285,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (28, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (34, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -290,7 +309,9 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     forwards = dict(re.findall(
         r"^#define\s+(\w+)\(SUFFIX[^)]*\)\s+(\w+)\(SUFFIX\b", text, re.M))
     for name, macro in re.findall(r"^(LN_\w*VARIANTS)\((\w+)\)", text, re.M):
-        prefix, params = made[forwards.get(macro, macro)]
+        while macro in forwards:  # to the macro that declares the kernel
+            macro = forwards[macro]
+        prefix, params = made[macro]
         out.update({prefix + suffix: names(params) for suffix in lists[name]})
     direct = re.findall(
         r'^extern "C" __global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?'
@@ -487,6 +508,12 @@ class LaunchPlan:
         v5: the strip of each row group of the forward, which is launched in
         the backward's blocks (0 for the other rungs, whose forward takes a
         row per group).
+    cluster : int, default 1
+        v5, rows past ``LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: the
+        blocks of a thread block cluster that together hold a row, 2, 4 or 8
+        (the power of two that covers ``chunks`` slices of ``max_D()``
+        elements); a row group is then a cluster, and the grids count its
+        blocks. 1 for every other plan.
 
     See Also
     --------
@@ -515,6 +542,7 @@ class LaunchPlan:
     rung: str = "v4"
     backward_block: int = 0
     forward_rows_per_group: int = 0
+    cluster: int = 1
 
     @property
     def groups_per_block(self) -> int:
@@ -538,8 +566,8 @@ class LaunchPlan:
     def partial_rows(self) -> int:
         r"""Backward: rows of the float32 partial-sum buffers.
 
-        One per row group (v4), one per block (v5), none (v3, whose groups
-        add into dgamma and dbeta directly).
+        One per row group (v4), one per block (v5; one per cluster of
+        blocks), none (v3, whose groups add into dgamma and dbeta directly).
 
         Returns
         -------
@@ -551,7 +579,8 @@ class LaunchPlan:
         >>> [plan(8192, 4096, "float16", rung=r).partial_rows for r in RUNGS]
         [0, 512, 128]
         """
-        return {"v3": 0, "v4": self.row_groups, "v5": self.backward_grid}[self.rung]
+        return {"v3": 0, "v4": self.row_groups,
+                "v5": self.backward_grid // self.cluster}[self.rung]
 
     @property
     def partials_bytes(self) -> int:
@@ -586,8 +615,9 @@ class LaunchPlan:
         ``dy`` into shared memory, one buffer per row in flight
         (:meth:`rows_in_flight`): ``rows_in_flight * 2 * 16 *
         (LN_ELEMS_PER_THREAD / vec)`` bytes per thread
-        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()``). The other kernels
-        take none.
+        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()`` but for clusters),
+        and a cluster's blocks ``LN_CLUSTER_SCRATCH_BYTES`` more for the row
+        sums they exchange. The other kernels take none.
 
         Returns
         -------
@@ -610,6 +640,8 @@ class LaunchPlan:
         0
         >>> plan(10**6, 64, "float16", rung="v5").backward_shared_bytes  # 128 x 4 x 64
         32768
+        >>> plan(64, 65536, "float32", rung="v5").backward_shared_bytes  # + 256
+        131328
         """
         return self._prefetch_bytes("backward", tensors=2)
 
@@ -620,8 +652,9 @@ class LaunchPlan:
         v5's forward kernels of 16-byte vectors prefetch the next rows of
         ``x``, one buffer per row in flight: ``LN_FWD_ROWS_IN_FLIGHT * 16 *
         (LN_ELEMS_PER_THREAD / vec)`` bytes per thread
-        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()``). The other kernels
-        take none.
+        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()`` but for clusters),
+        and a cluster's blocks ``LN_CLUSTER_SCRATCH_BYTES`` more. The other
+        kernels take none.
 
         Returns
         -------
@@ -684,10 +717,13 @@ class LaunchPlan:
         k = self.rows_in_flight(direction)
         if k == 1:
             return 0
-        per_thread = "LN_LONG_ELEMS_PER_THREAD" if self.chunks > 1 else (
-            "LN_ELEMS_PER_THREAD")
-        vectors = constants()[per_thread] // self.vec  # of 16 bytes
-        return k * tensors * 16 * vectors * (self.backward_block or self.block)
+        c = constants()
+        per_thread = "LN_LONG_ELEMS_PER_THREAD" if (
+            self.chunks > 1 and self.cluster == 1) else "LN_ELEMS_PER_THREAD"
+        vectors = c[per_thread] // self.vec  # of 16 bytes
+        scratch = c["LN_CLUSTER_SCRATCH_BYTES"] if self.cluster > 1 else 0
+        return (k * tensors * 16 * vectors * (self.backward_block or self.block)
+                + scratch)
 
     def forward_launch(self, eps: float) -> tuple[str, tuple, tuple, tuple]:
         r"""Return the forward kernel's launch: name, grid, block, trailing arguments.
@@ -856,6 +892,8 @@ class LaunchPlan:
         'ln_bwd_atomic_warp_f32_v1'
         >>> plan(64, 4096, "float16", rung="v5").kernel("forward")
         'ln_fwd_grouped_block_f16_v8'
+        >>> plan(64, 65536, "float16", rung="v5").kernel("backward")
+        'ln_bwd_grouped_cluster8_f16_v8'
         """
         if direction not in ("forward", "backward"):
             raise ValueError(
@@ -863,7 +901,8 @@ class LaunchPlan:
             )
         kind = (FORWARD_KERNELS if direction == "forward" else BACKWARD_KERNELS)[
             self.rung]
-        mapping = "long" if self.chunks > 1 else "block" if self.per_block else "warp"
+        mapping = (f"cluster{self.cluster}" if self.cluster > 1 else "long"
+                   if self.chunks > 1 else "block" if self.per_block else "warp")
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
 
 
@@ -874,9 +913,11 @@ def max_D(rung: str = "v4") -> int:
     thread times the largest block. Longer rows (up to :data:`MAX_ROW`) go to
     v4's long-row kernels, which read the row from memory again for every
     pass. v5's kernels take rows of 16-byte vectors up to ``max_D("v5") =
-    LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: past ``max_D()`` their
-    backward keeps the row in shared memory, where its prefetch put it, and
-    reads it from there twice.
+    LN_MAX_CLUSTER * max_D()``: up to ``LN_LONG_ELEMS_PER_THREAD *
+    LN_MAX_ROW_THREADS`` (:func:`lnorm.gpu.kernels.max_D_block`) one block
+    holds the row, its backward keeping it in shared memory, where its
+    prefetch put it, and reading it from there twice; past that a cluster
+    of 2, 4 or 8 blocks holds it, a slice of ``max_D()`` elements each.
 
     Parameters
     ----------
@@ -901,19 +942,69 @@ def max_D(rung: str = "v4") -> int:
     Examples
     --------
     >>> max_D(), max_D("v5")
-    (8192, 12288)
+    (8192, 65536)
     """
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {RUNGS}; got {rung!r}.")
     c = constants()
-    # Why v5 stops at 24 elements a thread (12288): with 32 (16384) its
-    # backward keeps gamma and both column sums, 96 floats, in registers, and
-    # ptxas 12.9 for sm_90 gave it 128 registers and 56 spill stores in
-    # float32, 20 in float16 (2026-11-26); its forward would fit (80 and 87
-    # registers, no spills). And two buffers of a float32 row outgrow shared
-    # memory there (the chapter "One kernel" has the numbers).
-    per_thread = "LN_LONG_ELEMS_PER_THREAD" if rung == "v5" else "LN_ELEMS_PER_THREAD"
-    return c[per_thread] * c["LN_MAX_ROW_THREADS"]
+    slice_ = c["LN_ELEMS_PER_THREAD"] * c["LN_MAX_ROW_THREADS"]
+    return c["LN_MAX_CLUSTER"] * slice_ if rung == "v5" else slice_
+
+
+def max_D_block() -> int:
+    r"""Return the longest row one block of v5 holds: past it, a cluster of blocks does.
+
+    ``LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``. Why v5 stops at 24
+    elements a thread (12288): with 32 (16384) its backward keeps gamma and
+    both column sums, 96 floats, in registers, and ptxas 12.9 for sm_90 gave
+    it 128 registers and 56 spill stores in float32, 20 in float16
+    (2026-11-26); its forward would fit (80 and 87 registers, no spills).
+    And two buffers of a float32 row outgrow shared memory there. Longer
+    rows go to a cluster of blocks (``plan(...).cluster``).
+
+    Returns
+    -------
+    int
+        12288 with the constants of ``layernorm_common.cu``.
+
+    See Also
+    --------
+    lnorm.gpu.kernels.max_D : The longest rows of each rung.
+
+    Examples
+    --------
+    >>> max_D_block(), plan(8, max_D_block() + 4, "float32", "v5").cluster
+    (12288, 2)
+    """
+    c = constants()
+    return c["LN_LONG_ELEMS_PER_THREAD"] * c["LN_MAX_ROW_THREADS"]
+
+
+def cluster_blocks(kernel: str) -> int:
+    r"""Return the blocks of a cluster a kernel is compiled for (1: no clusters).
+
+    v5's ``ln_{fwd|bwd}_grouped_cluster<CL>_*`` kernels fix ``CL`` with
+    ``__cluster_dims__``; every other kernel runs its blocks alone.
+
+    Parameters
+    ----------
+    kernel : str
+        A kernel name.
+
+    Returns
+    -------
+    int
+        ``CL``, or 1.
+
+    Examples
+    --------
+    >>> cluster_blocks("ln_bwd_grouped_cluster4_f16_v8")
+    4
+    >>> cluster_blocks("ln_fwd_warp_f32_v4")
+    1
+    """
+    found = re.search(r"_cluster(\d+)_", kernel)
+    return int(found.group(1)) if found else 1
 
 
 def rungs_for(D: int, dtype) -> tuple[str, ...]:
@@ -948,8 +1039,10 @@ def rungs_for(D: int, dtype) -> tuple[str, ...]:
     --------
     >>> rungs_for(4096, "float16"), rungs_for(12288, "float16")
     (('v3', 'v4', 'v5'), ('v4', 'v5'))
-    >>> rungs_for(12289, "float32"), rungs_for(16384, "float32")
-    (('v4',), ('v4',))
+    >>> rungs_for(12292, "float32"), rungs_for(65540, "float32")
+    (('v4', 'v5'), ('v4',))
+    >>> rungs_for(16383, "float32")  # not 16-byte vectors: no cluster kernel
+    ('v4',)
     """
     plan(0, D, dtype)  # raises for a D or dtype that no rung takes
     out = []
@@ -1025,7 +1118,12 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     :data:`lnorm.gpu.kernels.WAVE_THREADS` threads. v3 has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
-    rows of 16-byte vectors up to ``max_D("v5")``.
+    rows of 16-byte vectors up to ``max_D("v5")``: past
+    :func:`lnorm.gpu.kernels.max_D_block` a row group is a ``cluster`` of 2,
+    4 or 8 blocks (``chunks`` rounded up to a power of two), block ``r``
+    holding the row's slice ``r`` of ``max_D()`` elements. Its row sums
+    then add the slices' sums in order, each summed as a row of ``max_D()``
+    is: an order of its own, not v4's.
 
     Parameters
     ----------
@@ -1078,6 +1176,9 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     >>> p = plan(8192, 12288, "float32", rung="v5")  # past registers: one group a block
     >>> p.kernel("backward"), p.backward_block, p.rows_per_group, p.backward_grid
     ('ln_bwd_grouped_long_f32_v4', 512, 64, 128)
+    >>> p = plan(2048, 65536, "float32", rung="v5")  # clusters of 8 blocks
+    >>> p.cluster, p.rows_per_group, p.backward_grid, p.partial_rows
+    (8, 32, 512, 64)
     """
     if rung not in RUNGS:
         raise ValueError(f"rung must be one of {RUNGS}; got {rung!r}.")
@@ -1130,13 +1231,17 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
             f"most max_D('v5') = {max_D('v5')}; got D = {D}. Use rung='v4', whose "
             "long-row kernels take any D."
         )
+    # v5 past one block: a cluster of blocks, a power of two, one slice each
+    cluster = 1
+    if rung == "v5" and D > max_D_block():
+        cluster = 1 << (chunks - 1).bit_length()
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
     backward_block = forward_rows_per_group = 0
     if rung == "v5":
         if per_block:
             groups_per_block = c["LN_MAX_ROW_THREADS"] // threads
             backward_block = groups_per_block * threads
-        if chunks == 1:  # a block's groups share one partial row: no floor
+        if chunks == 1 or cluster > 1:  # one partial row a block (cluster): no floor
             rows_per_group = 1
         # 16 bytes per column per partial row, against 3 * itemsize per element
         while 16 / (groups_per_block * rows_per_group) > (
@@ -1145,17 +1250,21 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         block = groups_per_block * threads
 
         def one_wave(wave_threads: int) -> int:  # the shortest strip in a wave
-            wave = wave_blocks(block, wave_threads)
-            return math.ceil(rows / (groups_per_block * wave))
+            # (clusters: in CLUSTER_WAVES waves)
+            groups = wave_blocks(block, wave_threads) // cluster
+            waves = CLUSTER_WAVES if cluster > 1 else 1
+            return math.ceil(rows / (groups_per_block * groups * waves))
 
-        forward_rows_per_group = max(1, one_wave(
-            128 * c["LN_FWD_THREADS_PER_SM"] if chunks == 1 and vec > 1
-            else WAVE_THREADS))
-        forward_grid = math.ceil(math.ceil(rows / forward_rows_per_group)
-                                 / groups_per_block)
+        if (chunks == 1 or cluster > 1) and vec > 1:  # 64 registers a thread
+            wave_threads = 128 * c["LN_FWD_THREADS_PER_SM"]
+        else:
+            wave_threads = WAVE_THREADS
+        forward_rows_per_group = max(1, one_wave(wave_threads))
+        forward_grid = cluster * math.ceil(
+            math.ceil(rows / forward_rows_per_group) / groups_per_block)
         rows_per_group = max(rows_per_group, one_wave(WAVE_THREADS))
     row_groups = math.ceil(rows / rows_per_group)
-    backward_grid = math.ceil(row_groups / groups_per_block)
+    backward_grid = cluster * math.ceil(row_groups / groups_per_block)
     return LaunchPlan(
         rows=rows,
         D=D,
@@ -1172,6 +1281,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         rung=rung,
         backward_block=backward_block,
         forward_rows_per_group=forward_rows_per_group,
+        cluster=cluster,
     )
 
 

@@ -209,19 +209,21 @@ LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 // LN_LONG_ELEMS_PER_THREAD), the row waits in shared memory instead, where
 // v5's prefetch put it: step 3 takes it again and makes xhat and g again, by
 // the same operations, to the same bits; registers then hold only gamma and
-// the column sums.
+// the column sums. A block of a v5 cluster holds a slice of the row: `cols`
+// elements (default: all D), with dx starting at the slice.
 template <typename T, int VEC, int E, bool TWICE, typename LoadRow,
           typename RowSum>
 __device__ __forceinline__ void backward_row(
     const float* __restrict__ mean_hi, const float* __restrict__ mean_lo,
     const float* __restrict__ rstd, T* __restrict__ dx, long long row, int D,
     int t, int G, bool active, const float (&gam)[E], float (&dgamma_acc)[E],
-    float (&dbeta_acc)[E], LoadRow load_row, RowSum row_sum_of)
+    float (&dbeta_acc)[E], LoadRow load_row, RowSum row_sum_of,
+    int cols = -1)
 {
     constexpr int VPT = E / VEC;
     // xhat and g kept: one vector, or all
     constexpr int KEPT = TWICE ? VEC : E;
-    const int nvec = D / VEC;
+    const int nvec = (cols < 0 ? D : cols) / VEC;
     const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
     const float rs = rstd[row];
     const long long offset = row * D;
@@ -323,31 +325,30 @@ __device__ __forceinline__ void store_columns(
     }
 }
 
-template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD>
-__device__ __forceinline__ void layernorm_backward_grouped(
+// A row group's strip, for one thread: gamma into registers, then every row
+// (backward_row), adding into the thread's column sums `dgamma_acc` and
+// `dbeta_acc`. The group is `group`, this thread `t` of its G; it holds
+// the columns col0 .. col0 + cols - 1 (all D, or a slice of a cluster's
+// row). With CL > 1 (v5's rows past LN_LONG_ELEMS_PER_THREAD *
+// LN_MAX_ROW_THREADS) the row sums are cluster_sum's.
+template <typename T, int VEC, bool PER_BLOCK, int E, int CL>
+__device__ __forceinline__ void backward_strip(
     const T* __restrict__ dy, const T* __restrict__ x,
     const T* __restrict__ gamma, const float* __restrict__ mean_hi,
     const float* __restrict__ mean_lo, const float* __restrict__ rstd,
-    T* __restrict__ dx,
-    float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
-    int rows, int D, int rows_per_group, int group_threads)
+    T* __restrict__ dx, int rows, int D, int rows_per_group, int G, int P,
+    long long group, int t, int col0, int cols, float (&dgamma_acc)[E],
+    float (&dbeta_acc)[E])
 {
     // Rows longer than registers hold with x and dy (E > LN_ELEMS_PER_THREAD)
     // have one group of LN_MAX_ROW_THREADS threads a block (P = 1).
     constexpr bool LONG = E > LN_ELEMS_PER_THREAD;
-    const int G = group_threads, P = blockDim.x / G;
-    const int p = threadIdx.x / G, t = threadIdx.x % G;
-    const long long group = (long long)blockIdx.x * P + p;
-
-    float dgamma_acc[E], dbeta_acc[E], gam[E];
-    start_strip<T, VEC, E>(gamma, D, t, G, gam, dgamma_acc, dbeta_acc);
+    float gam[E];
+    start_strip<T, VEC, E>(gamma + col0, cols, t, G, gam, dgamma_acc,
+                           dbeta_acc);
 
     const long long first = group * rows_per_group;
     const long long last = min(first + rows_per_group, (long long)rows);
-    auto row_sum_of = [G](float2 v) {
-        if constexpr (PER_BLOCK) return group_sum(v, G);
-        else return warp_sum(v);
-    };
 
     // Rows of 16-byte vectors are prefetched: while a thread works on row k,
     // its copies of the next rows' x and dy are in flight into shared memory,
@@ -364,7 +365,15 @@ __device__ __forceinline__ void layernorm_backward_grouped(
                       : sizeof(T) == 2 ? LN_BWD_WARP_ROWS_IN_FLIGHT_F16
                                        : LN_BWD_WARP_ROWS_IN_FLIGHT_F32;
     LN_DYNAMIC_SHARED(uint4, staged);
-    const int nvec = D / VEC;
+    const int nvec = cols / VEC;
+    float2* scratch =
+        reinterpret_cast<float2*>(staged + S * 2 * VPT * blockDim.x);
+    int parity = 0;
+    auto row_sum_of = [&](float2 v) {
+        if constexpr (CL > 1) return cluster_sum<CL>(v, scratch, parity);
+        else if constexpr (PER_BLOCK) return group_sum(v, G);
+        else return warp_sum(v);
+    };
     auto slot = [&](int buffer, int tensor, int i) {
         return prefetch_slot<2, VPT>(staged, buffer, tensor, i);  // x, dy
     };
@@ -373,8 +382,10 @@ __device__ __forceinline__ void layernorm_backward_grouped(
         for (int i = 0; i < VPT; ++i) {
             const int v = t + i * G;
             if (v < nvec) {
-                copy_async_16(slot(buffer, 0, i), x + row * D + v * VEC);
-                copy_async_16(slot(buffer, 1, i), dy + row * D + v * VEC);
+                copy_async_16(slot(buffer, 0, i),
+                              x + row * D + col0 + v * VEC);
+                copy_async_16(slot(buffer, 1, i),
+                              dy + row * D + col0 + v * VEC);
             }
         }
     };
@@ -389,17 +400,36 @@ __device__ __forceinline__ void layernorm_backward_grouped(
                 Vec<T, VEC>::load(
                     reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv);
             } else if constexpr (LONG) {
-                Vec<T, VEC>::load(x + at, xv);
-                Vec<T, VEC>::load(dy + at, dyv);
+                Vec<T, VEC>::load(x + col0 + at, xv);
+                Vec<T, VEC>::load(dy + col0 + at, dyv);
             } else {
-                VecStream<T, VEC>::load(x + at, xv);
-                VecStream<T, VEC>::load(dy + at, dyv);
+                VecStream<T, VEC>::load(x + col0 + at, xv);
+                VecStream<T, VEC>::load(dy + col0 + at, dyv);
             }
         };
         backward_row<T, VEC, E, LONG>(
-            mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam, dgamma_acc,
-            dbeta_acc, load_row, row_sum_of);
+            mean_hi, mean_lo, rstd, dx + col0, row, D, t, G, active, gam,
+            dgamma_acc, dbeta_acc, load_row, row_sum_of, cols);
     });
+}
+
+template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD>
+__device__ __forceinline__ void layernorm_backward_grouped(
+    const T* __restrict__ dy, const T* __restrict__ x,
+    const T* __restrict__ gamma, const float* __restrict__ mean_hi,
+    const float* __restrict__ mean_lo, const float* __restrict__ rstd,
+    T* __restrict__ dx,
+    float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
+    int rows, int D, int rows_per_group, int group_threads)
+{
+    constexpr bool LONG = E > LN_ELEMS_PER_THREAD;
+    const int G = group_threads, P = blockDim.x / G;
+    const int p = threadIdx.x / G, t = threadIdx.x % G;
+    const long long group = (long long)blockIdx.x * P + p;
+    float dgamma_acc[E], dbeta_acc[E];
+    backward_strip<T, VEC, PER_BLOCK, E, 1>(
+        dy, x, gamma, mean_hi, mean_lo, rstd, dx, rows, D, rows_per_group, G,
+        P, group, t, 0, D, dgamma_acc, dbeta_acc);
 
     // Step 4: group q hands its column sums to group 0, q = 1, ..., P - 1 in
     // order; then group 0 writes the block's row of the partial buffers.
@@ -434,6 +464,36 @@ __device__ __forceinline__ void layernorm_backward_grouped(
                               G, dgamma_acc, dbeta_acc);
 }
 
+// v5 past LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: a row group is a
+// cluster of CL blocks of one group each, block r holding slice r of every
+// row of the strip (and of gamma and the column sums), as in the forward.
+// The cluster's partial row is written slice by slice, each by its block.
+// A block's shared memory must outlive the other blocks' writes into it: a
+// last cluster barrier before the block exits.
+template <typename T, int VEC, int CL>
+__device__ __forceinline__ void layernorm_backward_cluster(
+    const T* __restrict__ dy, const T* __restrict__ x,
+    const T* __restrict__ gamma, const float* __restrict__ mean_hi,
+    const float* __restrict__ mean_lo, const float* __restrict__ rstd,
+    T* __restrict__ dx,
+    float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
+    int rows, int D, int rows_per_group, int group_threads)
+{
+    constexpr int E = LN_ELEMS_PER_THREAD;
+    constexpr int SLICE = E * LN_MAX_ROW_THREADS;
+    const int rank = (int)(blockIdx.x % CL), t = threadIdx.x;
+    const long long group = blockIdx.x / CL;
+    const int col0 = rank * SLICE, cols = max(0, min(SLICE, D - col0));
+    float dgamma_acc[E], dbeta_acc[E];
+    backward_strip<T, VEC, true, E, CL>(
+        dy, x, gamma, mean_hi, mean_lo, rstd, dx, rows, D, rows_per_group,
+        group_threads, 1, group, t, col0, cols, dgamma_acc, dbeta_acc);
+    store_columns<VEC, E>(dgamma_part + group * D + col0,
+                          dbeta_part + group * D + col0, cols, t,
+                          group_threads, dgamma_acc, dbeta_acc);
+    cluster_sync();
+}
+
 // v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
 // group_threads threads; the partial buffers have one row per block. E row
 // elements a thread. The variants of 16-byte vectors take
@@ -442,9 +502,11 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 // warp holds),
 // (the prefetch buffers;
 // lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the others none.
-#define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
-                                     E)                                      \
-    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
+// Every v5 backward kernel: these parameters, handed to CALL (a
+// parenthesized device function); its attributes (launch bounds, cluster
+// size) last.
+#define LN_BACKWARD_GROUPED_AS(SUFFIX, T, CALL, ...)                         \
+    extern "C" __global__ void __VA_ARGS__                                   \
     ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \
                             const T* __restrict__ x,                         \
                             const T* __restrict__ gamma,                     \
@@ -456,10 +518,16 @@ __device__ __forceinline__ void layernorm_backward_grouped(
                             float* __restrict__ dbeta_part,                  \
                             int rows, int D, int rows_per_group,             \
                             int group_threads) {                             \
-        layernorm_backward_grouped<T, VEC, PER_BLOCK, E>(                    \
-            dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,           \
-            dbeta_part, rows, D, rows_per_group, group_threads);             \
+        CALL(dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,          \
+             dbeta_part, rows, D, rows_per_group, group_threads);            \
     }
+
+#define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
+                                     E)                                      \
+    LN_BACKWARD_GROUPED_AS(SUFFIX, T,                                        \
+                           (layernorm_backward_grouped<T, VEC, PER_BLOCK,    \
+                                                       E>),                  \
+                           __launch_bounds__(MAX_THREADS, 1))
 
 #define LN_BACKWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)   \
     LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS,     \
@@ -475,6 +543,20 @@ LN_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
                                  LN_LONG_ELEMS_PER_THREAD)
 
 LN_LONG_VECTOR_VARIANTS(LN_BACKWARD_GROUPED_LONG_KERNEL)
+
+// v5 for rows longer than LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS, up
+// to LN_MAX_CLUSTER * LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: one name per
+// cluster variant, ln_bwd_grouped_<suffix>, CL blocks a cluster (as the
+// forward's); one partial row per cluster. sm_90 and later only.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define LN_BACKWARD_CLUSTER_KERNEL(SUFFIX, T, VEC, MAX_THREADS, CL)          \
+    LN_BACKWARD_GROUPED_AS(SUFFIX, T,                                        \
+                           (layernorm_backward_cluster<T, VEC, CL>),         \
+                           __cluster_dims__(CL, 1, 1)                        \
+                           __launch_bounds__(MAX_THREADS, 1))
+
+LN_CLUSTER_VARIANTS(LN_BACKWARD_CLUSTER_KERNEL)
+#endif
 
 // Second kernel: dgamma[j] = sum over p of dgamma_part[p, j] (dbeta alike).
 // A block is 32 columns x SLICES threads: thread (j, s) sums rows

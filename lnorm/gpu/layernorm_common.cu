@@ -26,6 +26,10 @@
 #define LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
 // v5's rows past registers: elements a thread takes
 #define LN_LONG_ELEMS_PER_THREAD 24
+// v5's rows longer still: a cluster of at most this many blocks (sm_90 and
+// later) takes a row, each block a slice of LN_ELEMS_PER_THREAD *
+// LN_MAX_ROW_THREADS elements
+#define LN_MAX_CLUSTER 8
 // Largest block of each kind, for __launch_bounds__.
 #define LN_WARP_THREADS (32 * LN_WARPS_PER_BLOCK)
 #define LN_BLOCK_THREADS LN_MAX_ROW_THREADS
@@ -55,6 +59,17 @@
 #define LN_LONG_VECTOR_VARIANTS(K)                     \
     K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
     K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)
+// v5's kernels for rows longer than LN_LONG_ELEMS_PER_THREAD *
+// LN_MAX_ROW_THREADS: a cluster of 2, 4 or 8 blocks a row group, 16-byte
+// vectors only. K(suffix, storage type, vector, largest block, blocks a
+// cluster).
+#define LN_CLUSTER_VARIANTS(K)                              \
+    K(cluster2_f32_v4, float, 4, LN_BLOCK_THREADS, 2)       \
+    K(cluster4_f32_v4, float, 4, LN_BLOCK_THREADS, 4)       \
+    K(cluster8_f32_v4, float, 4, LN_BLOCK_THREADS, 8)       \
+    K(cluster2_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 2)   \
+    K(cluster4_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 4)   \
+    K(cluster8_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 8)
 
 // float16 is stored as its 16 raw bits and converted with one PTX instruction
 // each way, so no cuda_fp16.h is needed. Arithmetic is always float32. On the
@@ -397,5 +412,95 @@ __device__ __forceinline__ void strip_rows(long long first, long long last,
         step(k % S, active ? first + k : 0, active);
     }
 }
+
+// ---- v5's clusters: a row too long for one block, shared by several ----
+//
+// Thread block clusters (sm_90 and later) let the blocks of a cluster, which
+// the GPU runs at the same time on neighbouring SMs, wait for one another
+// (barrier.cluster) and write into one another's shared memory (mapa, then
+// st.shared::cluster). v5 gives a row too long for one block to a cluster of
+// CL blocks, block r of the cluster holding the row's slice r of
+// LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS elements in registers, as a
+// block holds a whole row of that length. On the host (lnorm.gpu.host) a
+// cluster's blocks run at the same time, each with its own dynamic shared
+// memory, and cuda_host.h provides the two operations (cluster_sync,
+// cluster_store).
+#ifdef __CUDA_ARCH__
+// Every thread of every block of the cluster arrives; what any of them wrote
+// to shared memory before is then visible to all (release, acquire).
+__device__ __forceinline__ void cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\t"
+                 "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// Store v at `p` (an address in this block's shared memory) in block
+// `rank`'s copy: the write reaches the other SM's shared memory, and is seen
+// there after the next cluster barrier.
+__device__ __forceinline__ void cluster_store(float* p, float v, int rank) {
+    const unsigned here = (unsigned)__cvta_generic_to_shared(p);
+    unsigned there;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+                 : "=r"(there) : "r"(here), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;"
+                 :: "r"(there), "f"(v) : "memory");
+}
+#else
+inline void cluster_sync() { cuda_host::cluster_sync(); }
+inline void cluster_store(float* p, float v, int rank) {
+    *cuda_host::in_block(p, rank) = v;
+}
+#endif
+__device__ __forceinline__ void cluster_store(float2* p, float2 v, int rank) {
+    float* f = reinterpret_cast<float*>(p);
+    cluster_store(f, v.x, rank);
+    cluster_store(f + 1, v.y, rank);
+}
+__device__ __forceinline__ float add_like(float a, float b) { return a + b; }
+__device__ __forceinline__ float2 add_like(float2 a, float2 b) {
+    return make_float2(a.x + b.x, a.y + b.y);
+}
+
+// Shared memory a cluster's row sums use, after a block's prefetch buffers:
+// a slot per warp, and twice a slot per block of the cluster (float2: the
+// backward's two sums at once; the forward uses half of each).
+#define LN_CLUSTER_SCRATCH_BYTES 256
+static_assert(LN_CLUSTER_SCRATCH_BYTES
+                  == 8 * (LN_MAX_ROW_THREADS / 32 + 2 * LN_MAX_CLUSTER),
+              "a float2 slot per warp, and two per block of a cluster");
+
+// The row sum of a cluster of CL blocks. Each block sums its slice as
+// block_sum sums a row (the same order); lane r < CL of warp 0 then writes
+// that sum into block r's slot for this block, so that after one cluster
+// barrier every block holds all CL sums in its own shared memory, and every
+// thread adds them in rank order, 0, 1, ..., CL - 1: every block gets the
+// same bits. Writing to the other blocks, not reading from them, keeps the
+// latency of the other SMs' memory off the path: the barrier waits for the
+// writes once, where reads would wait CL times. The slots alternate
+// (`parity`), so one barrier a sum is enough: a block's slot is written
+// again two sums later, after the barrier of the sum between, which no block
+// passes before every block has read this one. `scratch` is dynamic shared
+// memory (LN_CLUSTER_SCRATCH_BYTES); nothing here is __shared__ static, so
+// that the host can run a cluster's blocks at once.
+template <int CL, typename V>
+__device__ __forceinline__ V cluster_sum(V v, V* scratch, int& parity) {
+    constexpr int WARPS = LN_MAX_ROW_THREADS / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int nwarps = blockDim.x >> 5;
+    V* slots = scratch + WARPS + parity * LN_MAX_CLUSTER;
+    v = warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        V w = lane < nwarps ? scratch[lane] : zero_like(v);
+        w = warp_sum(w);  // every lane has the block's sum
+        if (lane < CL) cluster_store(slots + blockIdx.x % CL, w, lane);
+    }
+    cluster_sync();
+    V total = slots[0];
+#pragma unroll
+    for (int r = 1; r < CL; ++r) total = add_like(total, slots[r]);
+    parity ^= 1;
+    return total;
+}
+// (end of v5's clusters)
 
 #endif  // LNORM_LAYERNORM_COMMON_CU

@@ -20,17 +20,20 @@
 // which every thread of the group still makes. STREAM stores y with the
 // streaming cache hint (v5; v4's forward stores it plainly). A thread holds
 // E elements of the row (E / VEC vectors): LN_ELEMS_PER_THREAD, or for v5's
-// rows longer than that, LN_LONG_ELEMS_PER_THREAD.
+// rows longer than that, LN_LONG_ELEMS_PER_THREAD. A block of a v5 cluster
+// holds a slice of the row: `cols` elements (default: all D), with gamma,
+// beta and y starting at the slice; it saves the statistics if `save`.
 template <typename T, int VEC, bool STREAM = false,
           int E = LN_ELEMS_PER_THREAD, typename LoadRow, typename RowSum>
 __device__ __forceinline__ void forward_row(
     const T* __restrict__ gamma, const T* __restrict__ beta, T* __restrict__ y,
     float* __restrict__ mean_hi_out, float* __restrict__ mean_lo_out,
     float* __restrict__ rstd_out, long long row, int D, float eps, int t,
-    int G, bool active, LoadRow load_row, RowSum row_sum_of)
+    int G, bool active, LoadRow load_row, RowSum row_sum_of, int cols = -1,
+    bool save = true)
 {
     constexpr int VPT = E / VEC;  // vectors per thread
-    const int nvec = D / VEC;
+    const int nvec = (cols < 0 ? D : cols) / VEC;
     T* yrow = y + row * D;
 
     // Step 1: the row into registers, one load per vector of VEC elements.
@@ -95,7 +98,7 @@ __device__ __forceinline__ void forward_row(
             else Vec<T, VEC>::store(yrow + v * VEC, out);
         }
     }
-    if (active && t == 0) {
+    if (active && t == 0 && save) {
         mean_hi_out[row] = mean_hi;
         mean_lo_out[row] = mean_lo;
         rstd_out[row] = rstd;
@@ -155,7 +158,15 @@ LN_VARIANTS(LN_FORWARD_KERNEL)
 // (one group of LN_MAX_ROW_THREADS threads a block): the row still fits in
 // registers, as the forward keeps nothing else there, and is read from DRAM
 // once, where v4's long-row forward reads it four times.
-template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD>
+//
+// With CL > 1 (v5's rows past LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS)
+// a row group is a cluster of CL blocks of one group each: block r of the
+// cluster holds slice r of the row, LN_ELEMS_PER_THREAD elements a thread,
+// and the row sums are cluster_sum's. Block 0 of the cluster saves the
+// statistics; every block waits at a last cluster barrier before it exits,
+// as the others may still write into its shared memory.
+template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD,
+          int CL = 1>
 __device__ __forceinline__ void layernorm_forward_grouped(
     const T* __restrict__ x, const T* __restrict__ gamma,
     const T* __restrict__ beta, T* __restrict__ y,
@@ -166,41 +177,51 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     constexpr int VPT = E / VEC;
     constexpr bool STAGED = VEC * sizeof(T) == 16;
     constexpr int S = LN_FWD_ROWS_IN_FLIGHT;
+    constexpr int SLICE = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS;
     const int G = group_threads, P = blockDim.x / G;
     const int p = threadIdx.x / G, t = threadIdx.x % G;
-    const long long group = (long long)blockIdx.x * P + p;
+    const int rank = CL > 1 ? (int)(blockIdx.x % CL) : 0;
+    const long long group = CL > 1 ? (long long)(blockIdx.x / CL)
+                                   : (long long)blockIdx.x * P + p;
     const long long first = group * rows_per_group;
     const long long last = min(first + rows_per_group, (long long)rows);
-    const int nvec = D / VEC;
-    auto row_sum_of = [G](float v) {
-        if constexpr (PER_BLOCK) return group_sum(v, G);
-        else return warp_sum(v);
-    };
+    // This block's columns: all of them, or its slice of the cluster's row
+    const int col0 = rank * SLICE;
+    const int cols = CL > 1 ? max(0, min(SLICE, D - col0)) : D;
+    const int nvec = cols / VEC;
 
     LN_DYNAMIC_SHARED(uint4, staged);
+    float* scratch = reinterpret_cast<float*>(staged + S * VPT * blockDim.x);
+    int parity = 0;
+    auto row_sum_of = [&](float v) {
+        if constexpr (CL > 1) return cluster_sum<CL>(v, scratch, parity);
+        else if constexpr (PER_BLOCK) return group_sum(v, G);
+        else return warp_sum(v);
+    };
     auto prefetch = [&](long long row, int buffer) {
 #pragma unroll
         for (int i = 0; i < VPT; ++i) {
             const int v = t + i * G;
             if (v < nvec)
                 copy_async_16(prefetch_slot<1, VPT>(staged, buffer, 0, i),
-                              x + row * D + v * VEC);
+                              x + row * D + col0 + v * VEC);
         }
     };
     strip_rows<STAGED, S>(first, last, rows_per_group, P, prefetch,
                           [&](int buffer, long long row, bool active) {
         forward_row<T, VEC, true, E>(
-            gamma, beta, y, mean_hi_out, mean_lo_out, rstd_out, row, D, eps,
-            t, G, active,
+            gamma + col0, beta + col0, y + col0, mean_hi_out, mean_lo_out,
+            rstd_out, row, D, eps, t, G, active,
             [&](int i, int v, float* xv) {
                 if constexpr (STAGED)
                     Vec<T, VEC>::load(reinterpret_cast<const T*>(
                         prefetch_slot<1, VPT>(staged, buffer, 0, i)), xv);
                 else
-                    Vec<T, VEC>::load(x + row * D + v * VEC, xv);
+                    Vec<T, VEC>::load(x + row * D + col0 + v * VEC, xv);
             },
-            row_sum_of);
+            row_sum_of, cols, rank == 0);
     });
+    if constexpr (CL > 1) cluster_sync();
 }
 
 // v5: one per variant, named ln_fwd_grouped_<suffix>, launched in v5's
@@ -212,9 +233,11 @@ __device__ __forceinline__ void layernorm_forward_grouped(
 // registers each (the plan's forward strips fill one wave of them).
 #define LN_FWD_MIN_BLOCKS(T, VEC, MAX_THREADS)                              \
     ((VEC) * sizeof(T) == 16 ? LN_FWD_THREADS_PER_SM / (MAX_THREADS) : 1)
-#define LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
-                                    E, MIN_BLOCKS)                          \
-    extern "C" __global__ void __launch_bounds__(MAX_THREADS, MIN_BLOCKS)    \
+// Every v5 forward kernel: these parameters, handed to CALL (a
+// parenthesized device function); its attributes (launch bounds, cluster
+// size) last.
+#define LN_FORWARD_GROUPED_AS(SUFFIX, T, CALL, ...)                          \
+    extern "C" __global__ void __VA_ARGS__                                   \
     ln_fwd_grouped_##SUFFIX(const T* __restrict__ x,                         \
                             const T* __restrict__ gamma,                     \
                             const T* __restrict__ beta, T* __restrict__ y,   \
@@ -223,10 +246,15 @@ __device__ __forceinline__ void layernorm_forward_grouped(
                             float* __restrict__ rstd, int rows, int D,       \
                             float eps, int rows_per_group,                   \
                             int group_threads) {                             \
-        layernorm_forward_grouped<T, VEC, PER_BLOCK, E>(                     \
-            x, gamma, beta, y, mean_hi, mean_lo, rstd, rows, D, eps,         \
-            rows_per_group, group_threads);                                  \
+        CALL(x, gamma, beta, y, mean_hi, mean_lo, rstd, rows, D, eps,        \
+             rows_per_group, group_threads);                                 \
     }
+
+#define LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
+                                    E, MIN_BLOCKS)                          \
+    LN_FORWARD_GROUPED_AS(SUFFIX, T,                                         \
+                          (layernorm_forward_grouped<T, VEC, PER_BLOCK, E>), \
+                          __launch_bounds__(MAX_THREADS, MIN_BLOCKS))
 
 #define LN_FORWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)    \
     LN_FORWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS,      \
@@ -243,3 +271,22 @@ LN_VARIANTS(LN_FORWARD_GROUPED_KERNEL)
                                 LN_LONG_ELEMS_PER_THREAD, 1)
 
 LN_LONG_VECTOR_VARIANTS(LN_FORWARD_GROUPED_LONG_KERNEL)
+
+// v5 for rows longer than LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS, up
+// to LN_MAX_CLUSTER * LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: one name per
+// cluster variant, ln_fwd_grouped_<suffix>, with CL blocks a cluster fixed
+// at compile time (__cluster_dims__: an ordinary launch makes the clusters;
+// the grid is a multiple of CL). sm_90 and later only.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define LN_FORWARD_CLUSTER_KERNEL(SUFFIX, T, VEC, MAX_THREADS, CL)           \
+    LN_FORWARD_GROUPED_AS(SUFFIX, T,                                         \
+                          (layernorm_forward_grouped<T, VEC, true,           \
+                                                     LN_ELEMS_PER_THREAD,    \
+                                                     CL>),                   \
+                          __cluster_dims__(CL, 1, 1)                         \
+                          __launch_bounds__(MAX_THREADS,                     \
+                                            LN_FWD_THREADS_PER_SM /          \
+                                                (MAX_THREADS)))
+
+LN_CLUSTER_VARIANTS(LN_FORWARD_CLUSTER_KERNEL)
+#endif

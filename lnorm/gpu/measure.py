@@ -524,8 +524,9 @@ def _launchable(fused, rows: int, D: int, dtype) -> list[str]:
 def bit_checks(fused) -> list[dict]:
     r"""Compare the kernels with the emulation at every checked shape, bit for bit.
 
-    Needs a GPU. The shapes are ``(64, 1)``, ``(3, 2)`` and
-    :data:`lnorm.gpu.check.SHAPES`, each in every one of
+    Needs a GPU. The shapes are ``(64, 1)``, ``(3, 2)``,
+    :data:`lnorm.gpu.check.SHAPES` and :data:`lnorm.gpu.check.CLUSTER_SHAPES`,
+    each in every one of
     :data:`lnorm.gpu.measure.DTYPES`; each output of the forward and the
     backward is compared byte by byte with :mod:`lnorm.gpu.emulate`, and
     v3's outputs as :func:`lnorm.gpu.check.atomic_check` says.
@@ -552,8 +553,8 @@ def bit_checks(fused) -> list[dict]:
     Examples
     --------
     >>> from lnorm.gpu import check
-    >>> len(((64, 1), (3, 2), *check.SHAPES)) * len(DTYPES)  # comparisons
-    22
+    >>> len(((64, 1), (3, 2), *check.SHAPES, *check.CLUSTER_SHAPES)) * len(DTYPES)
+    28
     >>> from lnorm.gpu.run import FusedLayerNorm, available
     >>> if available()[0]:  # a GPU: every bit equal
     ...     assert all(c["equal"] for c in bit_checks(FusedLayerNorm()))
@@ -565,7 +566,7 @@ def bit_checks(fused) -> list[dict]:
                 for k in want}
 
     out = []
-    for rows, D in ((64, 1), (3, 2), *check.SHAPES):
+    for rows, D in ((64, 1), (3, 2), *check.SHAPES, *check.CLUSTER_SHAPES):
         for dtype in DTYPES:
             inp = check.make_inputs(rows, D, dtype, seed=rows + D)
             diff = differing(inp, "v4")
@@ -821,7 +822,8 @@ def launch_only(fused) -> int:
     r"""Launch every kernel once at awkward shapes (for ``compute-sanitizer``).
 
     Needs a GPU. Forward and backward at no rows, one element, rows shorter
-    than a vector, and :data:`lnorm.gpu.check.SHAPES`, in every dtype of
+    than a vector, :data:`lnorm.gpu.check.SHAPES` and
+    :data:`lnorm.gpu.check.CLUSTER_SHAPES`, in every dtype of
     :data:`lnorm.gpu.measure.DTYPES`, and the backward of v3 where the row
     fits in registers, and v5's forward and backward where v5 takes the shape
     and this GPU can launch it; nothing is compared: the sanitizer watches the
@@ -846,16 +848,18 @@ def launch_only(fused) -> int:
     --------
     >>> from lnorm.gpu import check
     >>> from lnorm.gpu.run import FusedLayerNorm, available
-    >>> n = len(((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES)) * len(DTYPES)
+    >>> shapes = ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES, *check.CLUSTER_SHAPES)
+    >>> n = len(shapes) * len(DTYPES)
     >>> n
-    26
+    32
     >>> if available()[0]:  # a GPU: that many pairs launched
     ...     assert launch_only(FusedLayerNorm()) == n
     """
     import cupy as cp
 
     n = 0
-    for rows, D in ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES):
+    for rows, D in ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES,
+                    *check.CLUSTER_SHAPES):
         for dtype in DTYPES:
             inp = check.make_inputs(rows, D, dtype, seed=1)
             out = check.forward_backward(fused.forward, fused.backward, inp)

@@ -40,7 +40,9 @@ although a thread does not keep a whole chunk of loads in flight. v5's
 kernels for these rows (up to ``max_D("v5")``) read a row from DRAM once,
 into shared memory ahead of use, and the model counts them as the others of
 v5; it charges nothing for the backward's second read of the row from
-shared memory.
+shared memory. Past ``max_D_block()`` v5's row group is a cluster of ``C``
+blocks on ``C`` SMs: ``C`` times the blocks per group, and every row sum
+waits for all of them, which costs ``cluster_reduction`` more per sum.
 
 Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
 chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
@@ -103,6 +105,10 @@ class Device:
         Shared memory of one SM.
     shared_reserved : int, default 1 KiB
         Shared memory the system reserves per resident block.
+    cluster_reduction : float, default 1e-6
+        Seconds one row sum across a cluster of blocks adds to the block's
+        own: the writes to the other SMs' shared memory and a barrier over
+        the cluster, which waits for the slowest block.
 
     See Also
     --------
@@ -131,11 +137,13 @@ class Device:
     l2_latency: float = 0.3e-6  # s: exposed per chunk of a re-read from L2
     shared_per_sm: int = 228 * 1024
     shared_reserved: int = 1024  # per resident block
+    cluster_reduction: float = 1e-6  # s: a row sum across a cluster's SMs
 
 
 #: An H100 SXM — 132 SMs, 3.0 TB/s copy bandwidth (as measured on one: the
 #: ``copy`` of ``book/data/gpu/h100-*.json``), and, chosen, not measured: 0.6 us
-#: DRAM latency under load, 0.25 us per block reduction, 0.05 us per warp one.
+#: DRAM latency under load, 0.25 us per block reduction, 0.05 us per warp one,
+#: 1 us more for one across a cluster of blocks.
 H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6,
               block_reduction=0.25e-6, warp_reduction=0.05e-6)
 
@@ -147,10 +155,14 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: ``"fwd_long"``, ``"bwd_long"``: those of longer rows; ``"bwd_atomic"``,
 #: ``"bwd_grouped"``: the backward of v3 and of v5; ``"fwd_grouped"``: the
 #: forward of v5; ``"fwd_grouped_long"``, ``"bwd_grouped_long"``: v5's for
-#: rows longer than ``max_D()``.
+#: rows longer than ``max_D()``; ``"fwd_grouped_cluster<C>"``,
+#: ``"bwd_grouped_cluster<C>"``: v5's clusters of ``C`` blocks.
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
              "bwd_atomic": 109, "bwd_grouped": 122, "fwd_grouped": 59,
-             "fwd_grouped_long": 79, "bwd_grouped_long": 120}
+             "fwd_grouped_long": 79, "bwd_grouped_long": 120,
+             "fwd_grouped_cluster2": 62, "fwd_grouped_cluster4": 61,
+             "fwd_grouped_cluster8": 61, "bwd_grouped_cluster2": 117,
+             "bwd_grouped_cluster4": 118, "bwd_grouped_cluster8": 120}
 
 #: The same for the variants of scalars (``D`` not a multiple of the vector),
 #: which use more: the most of float32 and float16, per kernel family and
@@ -410,6 +422,8 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         regs = registers
     elif p.vec == 1:
         regs = SCALAR_REGISTERS[f"{short}_{mapping}"]
+    elif p.cluster > 1:
+        regs = REGISTERS[f"{short}_cluster{p.cluster}"]
     else:
         regs = REGISTERS[short + ("_long" if p.chunks > 1 else "")]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
@@ -443,7 +457,9 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
             f"a block of {block} threads with {regs} registers each and {shared} "
             f"bytes of shared memory does not fit on one SM of {device.name}."
         )
-    concurrent = min(groups, blocks_per_sm * per_block * device.sm_count)
+    # a cluster's group spans p.cluster blocks (on as many SMs)
+    concurrent = min(groups, blocks_per_sm * per_block * device.sm_count
+                     // p.cluster)
     latency = device.latency
     past_l2 = 0  # bytes of re-reads that L2 does not hold
     rereads = p.chunks > 1 and rung != "v5"  # v5 reads a long row from DRAM once
@@ -462,6 +478,8 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     # The forward makes three row sums per row (mean_hi, mean_lo, variance), the
     # backward one.
     reduction = device.block_reduction if p.per_block else device.warp_reduction
+    if p.cluster > 1:
+        reduction += device.cluster_reduction
     exposed = latency + (3 if direction == "forward" else 1) * reduction
     t_bytes = concurrent * b_row / device.bandwidth
     t_step = max(t_bytes, (t_bytes + exposed) / rows_in_flight)

@@ -37,6 +37,7 @@ from .kernels import (
     KERNEL_FILES,
     check_backward_args,
     check_forward_args,
+    cluster_blocks,
     compile_binary,
     kernel_params,
     plan,
@@ -152,8 +153,10 @@ class FusedLayerNorm:
                 path.write_bytes(binary)
                 module = cp.RawModule(path=str(path))
                 # get_function loads the module now, while the file exists.
+                # Kernels of thread block clusters exist from sm_90 on.
                 for name in kernel_params(filename):
-                    self._functions[name] = module.get_function(name)
+                    if cluster_blocks(name) == 1 or cc >= 90:
+                        self._functions[name] = module.get_function(name)
 
     def _as_device(self, a, dtype=None):
         """A C-contiguous device array, 16-byte aligned (vector loads need it)."""
@@ -236,7 +239,9 @@ class FusedLayerNorm:
         The plan takes the shape (:func:`lnorm.gpu.kernels.rungs_for`), and
         the device gives each kernel the shared memory it needs: v5's
         prefetch buffers may need more than a GPU allows (on an A100, the
-        float32 backward of rows past ``max_D()``).
+        float32 backward of rows past ``max_D()``), and v5's kernels of
+        clusters, for rows past :func:`lnorm.gpu.kernels.max_D_block`, need
+        sm_90 or later.
 
         Parameters
         ----------
@@ -263,7 +268,8 @@ class FusedLayerNorm:
             return False
         launches = (("forward", p.forward_shared_bytes),
                     ("backward", p.backward_shared_bytes))
-        return all(self._shared_needed(p.kernel(d), shared) <= self._shared_limit
+        return all(p.kernel(d) in self._functions
+                   and self._shared_needed(p.kernel(d), shared) <= self._shared_limit
                    for d, shared in launches)
 
     def _shared_needed(self, name: str, shared: int) -> int:
@@ -271,6 +277,11 @@ class FusedLayerNorm:
         return shared + getattr(self._functions[name], "shared_size_bytes", 0)
 
     def _launch(self, name: str, grid, block, args, shared: int) -> None:
+        if name not in self._functions:
+            raise RuntimeError(
+                f"{name} runs its blocks in clusters, which this GPU lacks (sm_90 "
+                "and later have them); rung='v4' takes this shape without them."
+            )
         kernel = self._functions[name]
         needed = self._shared_needed(name, shared)
         if needed > self._shared_limit:

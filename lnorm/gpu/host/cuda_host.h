@@ -18,6 +18,14 @@
 // LN_DYNAMIC_SHARED does that on the host). Asynchronous copies (cp.async)
 // are the kernel files' own business: on the host they copy at once.
 //
+// Thread block clusters (__cluster_dims__(CL, 1, 1), one dimension): the CL
+// blocks of a cluster run at the same time, CL teams of threads, each block
+// with its own dynamic shared memory; cluster_sync() is a barrier over all
+// their threads, and in_block(p, r) the address of p (in this block's
+// dynamic shared memory) in block r's. Kernels with clusters must keep all
+// their shared memory dynamic: __shared__ static storage would be one for
+// the cluster's blocks.
+//
 // Not emulated: other atomics, textures, other shuffles than the xor one,
 // warp-synchronous code without a shuffle.
 #ifndef LNORM_CUDA_HOST_H
@@ -48,6 +56,7 @@
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __shared__ static  // blocks run one at a time
 // __restrict__ is a g++ keyword already.
 
@@ -191,10 +200,29 @@ struct Block {
 
 inline thread_local Block* this_block = nullptr;
 inline thread_local int lane_id = 0, warp_id = 0;
-// The launch's dynamic shared memory (blocks run one at a time: one buffer).
+// The block's dynamic shared memory (blocks of a cluster: one buffer each;
+// other blocks run one at a time: one buffer a launch).
 inline thread_local unsigned char* dynamic_shared_bytes = nullptr;
+// The cluster's barrier and its blocks' dynamic shared memory (null: none).
+inline thread_local Group* this_cluster = nullptr;
+inline thread_local unsigned char* const* cluster_shared = nullptr;
+inline thread_local unsigned cluster_blocks = 1;
 
 inline unsigned char* dynamic_shared() { return dynamic_shared_bytes; }
+
+inline void cluster_sync() {
+    if (!this_cluster) fail("cluster_sync() in a launch without clusters");
+    this_cluster->arrive("cluster barrier");
+}
+
+// p, an address in this block's dynamic shared memory, in block `rank`'s.
+template <class T> inline T* in_block(T* p, int rank) {
+    if (!this_cluster) fail("a cluster's shared memory read in a launch without clusters");
+    if (rank < 0 || (unsigned)rank >= cluster_blocks)
+        fail("shared memory of block %d of a cluster of %u", rank, cluster_blocks);
+    const auto offset = reinterpret_cast<const unsigned char*>(p) - dynamic_shared_bytes;
+    return reinterpret_cast<T*>(cluster_shared[rank] + offset);
+}
 
 inline Group& this_warp() { return this_block->warps[warp_id]; }
 
@@ -250,10 +278,12 @@ inline void call(void (*kernel)(P...), void** args, std::index_sequence<I...>) {
 // Run kernel<<<grid, block, shared>>>(args...). args[i] points at the i-th
 // argument (as for cuLaunchKernel); sig has one letter per parameter
 // (p pointer, f float, d double, i 32-bit integer, q 64-bit integer) and must
-// match; shared is the bytes of dynamic shared memory.
+// match; shared is the bytes of dynamic shared memory; cluster the blocks
+// of a cluster along x (1: no clusters), which must divide grid.x.
 template <class... P>
 void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
-            const unsigned* block3, void** args, const char* sig, unsigned shared) {
+            const unsigned* block3, void** args, const char* sig, unsigned shared,
+            unsigned cluster = 1) {
     static constexpr char want[] = {arg_code<std::remove_cv_t<P>>()..., '\0'};
     if (std::strcmp(sig, want) != 0)
         fail("%s takes arguments of kinds \"%s\", got \"%s\"", name, want, sig);
@@ -261,38 +291,63 @@ void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
     const unsigned n = block.x * block.y * block.z;
     const unsigned long long nblocks = 1ull * grid.x * grid.y * grid.z;
     if (n == 0 || n > 1024) fail("%s: %u threads per block", name, n);
-    Block b;
-    b.all.size = (int)n;
-    b.warps = std::vector<Group>((n + 31) / 32);
-    for (unsigned w = 0; w < b.warps.size(); ++w)
-        b.warps[w].size = (int)(n - 32 * w < 32 ? n - 32 * w : 32);  // the last may be partial
-    Group done;  // end of a block: everyone waits, the last one resets the block
-    done.size = (int)n;
+    if (cluster == 0 || cluster > 8 || grid.x % cluster != 0)
+        fail("%s: clusters of %u blocks for a grid of %u", name, cluster, grid.x);
+    // One block (its barriers, its dynamic shared memory) per block of a
+    // cluster; all of them run at once, a team of n threads each.
+    std::vector<Block> blocks(cluster);
+    for (Block& b : blocks) {
+        b.all.size = (int)n;
+        b.warps = std::vector<Group>((n + 31) / 32);
+        for (unsigned w = 0; w < b.warps.size(); ++w)
+            b.warps[w].size = (int)(n - 32 * w < 32 ? n - 32 * w : 32);  // the last may be partial
+    }
+    Group done;  // end of a cluster: everyone waits, the last one resets the blocks
+    done.size = (int)(n * cluster);
+    Group barrier;
+    barrier.size = (int)(n * cluster);
     // 16-byte aligned, rounded up to 16 bytes (ASan sees a read past it).
-    std::vector<uint4> dynamic((shared + 15) / 16);
-    unsigned char* const dynamic_base = reinterpret_cast<unsigned char*>(dynamic.data());
+    std::vector<std::vector<uint4>> dynamic(cluster, std::vector<uint4>((shared + 15) / 16));
+    std::vector<unsigned char*> bases(cluster);
+    for (unsigned r = 0; r < cluster; ++r)
+        bases[r] = reinterpret_cast<unsigned char*>(dynamic[r].data());
     std::vector<std::thread> team;
-    team.reserve(n);
-    for (unsigned t = 0; t < n; ++t) {
-        team.emplace_back([&, t] {
+    team.reserve(n * cluster);
+    for (unsigned u = 0; u < n * cluster; ++u) {
+        team.emplace_back([&, u] {
+            const unsigned r = u / n, t = u % n;  // block r of the cluster, thread t
+            Block& b = blocks[r];
             this_block = &b;
-            dynamic_shared_bytes = dynamic_base;
+            dynamic_shared_bytes = bases[r];
+            if (cluster > 1) {
+                this_cluster = &barrier;
+                cluster_shared = bases.data();
+                cluster_blocks = cluster;
+            }
             warp_id = (int)(t / 32);
             lane_id = (int)(t % 32);
             threadIdx = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
             blockDim = block;
             gridDim = grid;
-            for (unsigned long long id = 0; id < nblocks; ++id) {
+            for (unsigned long long first = 0; first < nblocks; first += cluster) {
+                const unsigned long long id = first + r;
                 blockIdx = {(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y),
                             (unsigned)(id / (1ull * grid.x * grid.y))};
                 call(kernel, args, std::index_sequence_for<P...>{});
                 b.all.exit();
                 this_warp().exit();
+                if (cluster > 1) barrier.exit();
                 done.arrive("end of block", [&] {
-                    b.all.reset();
-                    for (Group& w : b.warps) w.reset();
+                    for (Block& each : blocks) {
+                        each.all.reset();
+                        for (Group& w : each.warps) w.reset();
+                    }
+                    barrier.reset();
                 });
             }
+            this_cluster = nullptr;
+            cluster_shared = nullptr;
+            cluster_blocks = 1;
         });
     }
     for (std::thread& th : team) th.join();
