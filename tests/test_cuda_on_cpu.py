@@ -107,11 +107,11 @@ GROUPED_SHAPES = ((70, 7), (37, 512), (150, 768), (200, 1027), (40, 4096),
 #: empty and a strip of one row after a full one; float16 at the longest row
 #: v5 takes, every vector of a thread used.
 GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16))
-#: v5's rows past one block, held by a cluster of 2, 4 and 8 blocks (a
-#: constant row, a NaN, a last slice partly or wholly empty), one dtype each
-#: as above: 1024 to 4096 threads at once, and a second stage as wide as the
-#: row, seconds each on the CPU.
-CLUSTER_CASES = ((3, 16384, F32), (2, 20000, F16), (2, 65536, F32))
+#: v5's rows past one block, held by a cluster of 2, 4 and 8 blocks, in both
+#: dtypes (every cluster kernel): at 20000 the third slice is partly filled
+#: and the fourth empty; 1024 to 4096 threads at once on the CPU.
+CLUSTER_CASES = tuple((rows, D, dt) for rows, D in ((3, 16384), (2, 20000), (2, 65536))
+                      for dt in (F32, F16))
 
 
 def test_shapes_reach_every_kernel_variant():
@@ -129,8 +129,12 @@ def test_shapes_reach_every_kernel_variant():
         for direction in ("forward", "backward")
     } | {
         kernels.plan(rows, D, dt, "v5").kernel(direction)
-        for rows, D, _ in GROUPED_LONG_CASES + CLUSTER_CASES
+        for rows, D, _ in GROUPED_LONG_CASES
         for dt in (F32, F16)  # the cases' one dtype each reach one variant
+        for direction in ("forward", "backward")
+    } | {
+        kernels.plan(rows, D, dt, "v5").kernel(direction)
+        for rows, D, dt in CLUSTER_CASES  # each run in its own dtype
         for direction in ("forward", "backward")
     }
     assert reached | {"ln_bwd_reduce_params", "ln_bwd_reduce_params_wide"} == names
@@ -271,19 +275,49 @@ def test_launch_checks_argument_kinds(host):
         host.launch("ln_bwd_reduce_params", (1,), (32, 8), (np.zeros(1), 1))
 
 
+def cluster_run(host, inp: dict, p) -> dict:
+    """v5's forward, and its backward's cluster kernel alone (the second stage
+    is the one test_second_stages_equal_emulation_bit_for_bit checks, and over
+    rows this long the slowest part on the CPU): the forward's outputs, dx
+    and the cluster's partial rows."""
+    x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
+    y, *stats = host.forward(x, g, b, rung="v5")
+    name, grid, block, ints = p.backward_launch()
+    with host.buffers() as new:
+        ins = [new(a.shape, a.dtype, a) for a in (dy, x, g, *stats)]
+        dx = new(x.shape, x.dtype)
+        parts = [new((p.partial_rows, p.D), np.float32) for _ in range(2)]
+        host.launch(name, grid, block, (*ins, dx, *parts, *ints),
+                    p.backward_shared_bytes)
+        out = {"dx": dx.copy(), "dgamma_part": parts[0].copy(),
+               "dbeta_part": parts[1].copy()}
+    return {"y": y, **dict(zip(("mean_hi", "mean_lo", "rstd"), stats)), **out}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("rows, D, dtype", [
     pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}") for rows, D, dt in CLUSTER_CASES])
 def test_v5_clusters_equal_emulation_bit_for_bit(host, rows, D, dtype):
     """The blocks of a cluster run at once, each with its own shared memory,
-    and hand their slices' sums over as on a GPU: the same bits as the
-    emulation's order (slices in order), which is not v4's."""
+    and hand their slices' sums over as on a GPU: the bits of the emulation's
+    order (each slice's tree, then the slices left to right), and the
+    cluster's partial rows of dgamma and dbeta."""
     p = kernels.plan(rows, D, dtype, "v5")
     assert p.cluster > 1
     inp = check.make_inputs(rows, D, dtype, seed=D)
     inp["x"][0] = 3  # constant: every slice's sums zero but the first pass's
-    inp["x"][-1, -1] = np.nan  # in the last slice: its row turns NaN
-    got, want = run_both(host, inp, "v5")
+    inp["x"][-1, kernels.max_D() + 5] = np.nan  # in slice 1: the row turns NaN
+    got = cluster_run(host, inp, p)
+    with np.errstate(all="ignore"):
+        y, *stats = emulate.forward(inp["x"], inp["gamma"], inp["beta"], rung="v5")
+        dx = emulate.backward(inp["dy"], inp["x"], inp["gamma"], *stats, rung="v5")[0]
+        hi, lo, rs = (np.asarray(a, np.float32)[:, None] for a in stats)
+        dy32 = inp["dy"].astype(np.float32)
+        xhat = ((inp["x"].astype(np.float32) - hi) - lo) * rs
+        parts = [emulate.block_partials(emulate.strip_sums(t, p), p)
+                 for t in (dy32 * xhat, dy32)]
+    want = {"y": y, **dict(zip(("mean_hi", "mean_lo", "rstd"), stats)), "dx": dx,
+            "dgamma_part": parts[0], "dbeta_part": parts[1]}
     assert_same_bits(got, want, f"v5 clusters of {p.cluster}, rows={rows}, D={D}",
                      nan_payload=False)
     assert np.isnan(got["y"][-1]).all() and np.isfinite(got["y"][0]).all()
@@ -380,16 +414,24 @@ def test_clusters_under_thread_sanitizer(host):
     assert not [d for d in DIRTY if d in out], out[-4000:]
 
 
+#: Edits of cluster_sum that ThreadSanitizer must catch as races on the slots.
+#: A block's barrier in place of the cluster's: a block reads its slots while
+#: another block of its cluster may still be writing them. One set of slots
+#: (no alternation): a block writes the next sum into a slot that a slower
+#: block may still be reading (the GPU chapter's exercise on the slots).
+CLUSTER_CONTROLS = {
+    "block_barrier": ("    cluster_sync();\n    V total = slots[0];",
+                      "    __syncthreads();\n    V total = slots[0];"),
+    "one_set_of_slots": ("    parity ^= 1;\n    return total;", "    return total;"),
+}
+
+
 @pytest.mark.slow
-def test_control_cluster_sum_without_the_cluster_barrier_is_a_data_race(host, tmp_path):
-    """With a block's barrier in place of the cluster's, a block reads its
-    slots while the other block of its cluster may still be writing them."""
-
-    def block_barrier(text):
-        return text.replace("    cluster_sync();\n    V total = slots[0];",
-                            "    __syncthreads();\n    V total = slots[0];", 1)
-
-    src = modified_copy(tmp_path, kernels.COMMON_FILE, block_barrier)
+@pytest.mark.parametrize("what", sorted(CLUSTER_CONTROLS))
+def test_control_cluster_sum_edits_are_data_races(host, tmp_path, what):
+    old, new = CLUSTER_CONTROLS[what]
+    src = modified_copy(tmp_path, kernels.COMMON_FILE,
+                        lambda text: text.replace(old, new, 1))
     flags = cpu.SANITIZE["tsan"]
     rc, out = run(CLUSTER_SANITIZED.format(flags=tuple(flags), src=src), flags, src)
     assert rc != 0 and RACE in out and "cluster_sum" in out, out[-4000:]

@@ -44,8 +44,9 @@ SHAPES = (
     (20, 12288), (6, 12289),
 )
 #: ``(rows, D)`` past :func:`lnorm.gpu.kernels.max_D_block`, where v5's rows
-#: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): the
-#: last slice full, partly empty (20000) and whole.
+#: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): every
+#: slice full (16384, 65536), and at 20000 a third slice partly filled and a
+#: fourth empty.
 CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 65536))
 
 

@@ -123,13 +123,13 @@ WAVE_THREADS = 128 * 512
 
 #: v5's clusters of blocks (rows past :func:`lnorm.gpu.kernels.max_D_block`)
 #: take strips for this many waves of clusters, not one: a cluster's blocks
-#: must run at once on one GPC (a group of SMs), so a GPU holds fewer
-#: clusters at once than its SMs suggest, and one wave of them leaves a tail
-#: of clusters that run alone. On an H200 (2026-11-26), the backward at
-#: 2048 x 65536 in float32 (clusters of 8) ran at 0.46 of the copy's
-#: bandwidth in one wave of 16 clusters and 0.62 in 64; at 8192 x 16384
-#: (clusters of 2) 0.78 in one wave, 0.75 in four. Still a constant: the
-#: plan does not ask the device.
+#: must run at once on one GPC (a group of SMs), so a GPU may hold fewer
+#: clusters at once than its SMs suggest, and one wave of them can leave a
+#: tail of clusters for a second wave. In exploratory runs on an H200
+#: (2026-11-26, not kept as data: book/data/gpu/clusters/ has the four-wave
+#: plan), the float32 backward with clusters of 8 ran well below the same
+#: with four times the clusters, and with clusters of 2 a little above.
+#: Still a constant: the plan does not ask the device.
 CLUSTER_WAVES = 4
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
@@ -487,9 +487,11 @@ class LaunchPlan:
         1 for the kernels that hold the row in registers (``D <= max_D()``),
         more for the long-row kernels of ``layernorm_long.cu``, which walk the
         row chunk by chunk and read it again for every pass over it (four in
-        the forward, two in the backward).
+        the forward, two in the backward). For v5's clusters, the slices of
+        the row, one a block (``cluster`` rounds it up).
     threads_per_row : int
-        32 for a warp, else the block size.
+        32 for a warp, else the block size (v5's clusters: of each block,
+        which holds one slice).
     block : int
         Threads per block.
     forward_grid : int
@@ -776,7 +778,8 @@ class LaunchPlan:
         -------
         int
             How many ``vec``-element loads each thread makes of a row, in one
-            pass over it.
+            pass over it (v5's clusters: of its block's slice,
+            ``LN_ELEMS_PER_THREAD / vec``).
 
         See Also
         --------
@@ -790,8 +793,11 @@ class LaunchPlan:
         16
         >>> plan(8, 12288, "float32").vecs_per_thread  # two chunks of four vectors
         8
+        >>> plan(8, 65536, "float32", "v5").vecs_per_thread  # of its block's slice
+        4
         """
-        return self.chunks * constants()["LN_ELEMS_PER_THREAD"] // self.vec
+        per_thread = constants()["LN_ELEMS_PER_THREAD"] // self.vec
+        return per_thread if self.cluster > 1 else self.chunks * per_thread
 
     def backward_launch(self) -> tuple[str, tuple, tuple, tuple]:
         r"""Return the backward kernel's launch: name, grid, block, integer arguments.

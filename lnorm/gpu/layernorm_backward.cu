@@ -468,8 +468,8 @@ __device__ __forceinline__ void layernorm_backward_grouped(
 // cluster of CL blocks of one group each, block r holding slice r of every
 // row of the strip (and of gamma and the column sums), as in the forward.
 // The cluster's partial row is written slice by slice, each by its block.
-// A block's shared memory must outlive the other blocks' writes into it: a
-// last cluster barrier before the block exits.
+// A last cluster barrier before the block exits, as in the forward: a
+// defence, which the exchange of the row sums does not need.
 template <typename T, int VEC, int CL>
 __device__ __forceinline__ void layernorm_backward_cluster(
     const T* __restrict__ dy, const T* __restrict__ x,

@@ -472,9 +472,10 @@ static_assert(LN_CLUSTER_SCRATCH_BYTES
 // that sum into block r's slot for this block, so that after one cluster
 // barrier every block holds all CL sums in its own shared memory, and every
 // thread adds them in rank order, 0, 1, ..., CL - 1: every block gets the
-// same bits. Writing to the other blocks, not reading from them, keeps the
-// latency of the other SMs' memory off the path: the barrier waits for the
-// writes once, where reads would wait CL times. The slots alternate
+// same bits. Writing to the other blocks, not reading from them, puts the
+// other SMs' latency before the barrier, where all the blocks' writes are
+// under way at once, and not after it, where every thread would wait for
+// its reads (measured on an H200: the writes were faster). The slots alternate
 // (`parity`), so one barrier a sum is enough: a block's slot is written
 // again two sums later, after the barrier of the sum between, which no block
 // passes before every block has read this one. `scratch` is dynamic shared

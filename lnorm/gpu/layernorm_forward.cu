@@ -163,8 +163,10 @@ LN_VARIANTS(LN_FORWARD_KERNEL)
 // a row group is a cluster of CL blocks of one group each: block r of the
 // cluster holds slice r of the row, LN_ELEMS_PER_THREAD elements a thread,
 // and the row sums are cluster_sum's. Block 0 of the cluster saves the
-// statistics; every block waits at a last cluster barrier before it exits,
-// as the others may still write into its shared memory.
+// statistics. Every block waits at a last cluster barrier before it exits:
+// a defence, not a need of this exchange (every write into a block's slots
+// lands before the barrier of its sum, which that block passes only after
+// it), kept as the kernels were measured with it.
 template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD,
           int CL = 1>
 __device__ __forceinline__ void layernorm_forward_grouped(

@@ -40,9 +40,11 @@ although a thread does not keep a whole chunk of loads in flight. v5's
 kernels for these rows (up to ``max_D("v5")``) read a row from DRAM once,
 into shared memory ahead of use, and the model counts them as the others of
 v5; it charges nothing for the backward's second read of the row from
-shared memory. Past ``max_D_block()`` v5's row group is a cluster of ``C``
-blocks on ``C`` SMs: ``C`` times the blocks per group, and every row sum
-waits for all of them, which costs ``cluster_reduction`` more per sum.
+shared memory (up to ``max_D_block()``). Past ``max_D_block()`` v5's row
+group is a cluster of ``C`` blocks on ``C`` SMs: ``C`` times the blocks per
+group, and every row sum waits for all of them, which costs
+``cluster_reduction`` more per sum (the latency of the exchange, not the
+wait for the slowest block).
 
 Constants are an H100 SXM's (CUDA occupancy rules for sm_90) and a latency
 chosen once, not fitted per shape; ``book/data/gpu/*.json`` holds what a
@@ -107,8 +109,9 @@ class Device:
         Shared memory the system reserves per resident block.
     cluster_reduction : float, default 1e-6
         Seconds one row sum across a cluster of blocks adds to the block's
-        own: the writes to the other SMs' shared memory and a barrier over
-        the cluster, which waits for the slowest block.
+        own: the writes to the other SMs' shared memory and the latency of a
+        barrier over the cluster. Not the wait for the cluster's slowest
+        block, which the model has no term for.
 
     See Also
     --------

@@ -1,9 +1,10 @@
 // cuda_host.h: just enough of CUDA to compile the kernel sources with g++ and
 // run them on the CPU (lnorm.gpu.host). Include it before a .cu file.
 //
-// Execution model: a launch runs its blocks one at a time, each with one OS
-// thread per CUDA thread (the same team of threads serves every block). So
-// __shared__ can be plain static storage; __syncthreads() is a barrier over
+// Execution model: a launch runs its blocks one at a time (the blocks of a
+// cluster at the same time, below), each with one OS thread per CUDA thread
+// (the same team of threads serves every block). So __shared__ can be plain
+// static storage; __syncthreads() is a barrier over
 // the block's threads and __shfl_xor_sync() an exchange over the 32 lanes of
 // a warp. Both check what the hardware assumes and abort (message on stderr)
 // when it does not hold: a shuffle by a partial warp, or a barrier that a
@@ -13,10 +14,12 @@
 // atomicAdd on float is a relaxed std::atomic_ref read-modify-write: the
 // threads of a block race for it as on the GPU, blocks add in launch order.
 //
-// Dynamic shared memory is one buffer per launch, of the launch's size, that
-// the kernel gets from cuda_host::dynamic_shared() (the kernel files' macro
-// LN_DYNAMIC_SHARED does that on the host). Asynchronous copies (cp.async)
-// are the kernel files' own business: on the host they copy at once.
+// Dynamic shared memory is one buffer per launch (per block of a cluster), of
+// the launch's size, that the kernel gets from cuda_host::dynamic_shared()
+// (the kernel files' macro LN_DYNAMIC_SHARED does that on the host). Like a
+// GPU's, it holds no zeros to rely on: every byte is 0xff (a float NaN) when
+// a block (a cluster) starts. Asynchronous copies (cp.async) are the kernel
+// files' own business: on the host they copy at once.
 //
 // Thread block clusters (__cluster_dims__(CL, 1, 1), one dimension): the CL
 // blocks of a cluster run at the same time, CL teams of threads, each block
@@ -57,7 +60,7 @@
 #define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __cluster_dims__(...)
-#define __shared__ static  // blocks run one at a time
+#define __shared__ static  // blocks run one at a time (but for clusters)
 // __restrict__ is a g++ keyword already.
 
 // ---- built-in vector types ----------------------------------------------------
@@ -203,6 +206,7 @@ inline thread_local int lane_id = 0, warp_id = 0;
 // The block's dynamic shared memory (blocks of a cluster: one buffer each;
 // other blocks run one at a time: one buffer a launch).
 inline thread_local unsigned char* dynamic_shared_bytes = nullptr;
+inline thread_local unsigned dynamic_shared_size = 0;
 // The cluster's barrier and its blocks' dynamic shared memory (null: none).
 inline thread_local Group* this_cluster = nullptr;
 inline thread_local unsigned char* const* cluster_shared = nullptr;
@@ -221,6 +225,9 @@ template <class T> inline T* in_block(T* p, int rank) {
     if (rank < 0 || (unsigned)rank >= cluster_blocks)
         fail("shared memory of block %d of a cluster of %u", rank, cluster_blocks);
     const auto offset = reinterpret_cast<const unsigned char*>(p) - dynamic_shared_bytes;
+    if (offset < 0 || (std::size_t)offset + sizeof(T) > dynamic_shared_size)
+        fail("a cluster's shared memory: %p is not in this block's dynamic shared "
+             "memory", static_cast<const void*>(p));
     return reinterpret_cast<T*>(cluster_shared[rank] + offset);
 }
 
@@ -311,6 +318,12 @@ void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
     std::vector<unsigned char*> bases(cluster);
     for (unsigned r = 0; r < cluster; ++r)
         bases[r] = reinterpret_cast<unsigned char*>(dynamic[r].data());
+    auto garble = [&] {  // no zeros left by a block for the next to rely on
+        for (auto& buffer : dynamic)
+            if (!buffer.empty())  // (no buffer: no pointer to pass)
+                std::memset(buffer.data(), 0xff, buffer.size() * sizeof(uint4));
+    };
+    garble();
     std::vector<std::thread> team;
     team.reserve(n * cluster);
     for (unsigned u = 0; u < n * cluster; ++u) {
@@ -319,6 +332,7 @@ void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
             Block& b = blocks[r];
             this_block = &b;
             dynamic_shared_bytes = bases[r];
+            dynamic_shared_size = shared;
             if (cluster > 1) {
                 this_cluster = &barrier;
                 cluster_shared = bases.data();
@@ -343,6 +357,7 @@ void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
                         for (Group& w : each.warps) w.reset();
                     }
                     barrier.reset();
+                    garble();
                 });
             }
             this_cluster = nullptr;
