@@ -95,6 +95,27 @@ def test_gpu_entry_points_refuse_on_a_cpu_machine():
             call()
 
 
+def test_a_gpu_before_sm_90_refuses_the_cluster_kernels():
+    """FusedLayerNorm loads the kernels of clusters from sm_90 on only; on an
+    older GPU takes() says no and a launch names v4 (here without a GPU: the
+    object as its constructor leaves it on an A100, with stand-in kernels)."""
+
+    class Kernel:  # what takes() and _launch() read of a CuPy kernel
+        shared_size_bytes = 0
+        max_dynamic_shared_size_bytes = 48 * 1024
+
+    fused = gpu.FusedLayerNorm.__new__(gpu.FusedLayerNorm)
+    fused._functions = {name: Kernel() for name in ALL_KERNELS
+                        if kernels.cluster_blocks(name) == 1}
+    fused._shared_limit = 163 * 1024  # an A100's opt-in limit
+    assert fused.takes(8, 12288, "float16", "v5")  # one block: launchable
+    assert not fused.takes(8, 16384, "float16", "v5")  # a cluster: not here
+    assert fused.takes(8, 16384, "float16")  # v4 takes it
+    name = kernels.plan(8, 16384, "float16", "v5").kernel("forward")
+    with pytest.raises(RuntimeError, match=r"clusters.*sm_90.*rung='v4'"):
+        fused._launch(name, (2,), (512,), (), 0)
+
+
 # --- launch plan and argument checks -----------------------------------------------
 
 
