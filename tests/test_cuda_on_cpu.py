@@ -171,7 +171,7 @@ def _slow_from(D: int, longest: int) -> tuple:
 
 
 @pytest.mark.parametrize("rows, D, dtype", [
-    pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}", marks=_slow_from(D, 4096))
+    pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}", marks=_slow_from(D, 2048))
     for rows, D, dt in (
         *((rows, D, dt) for rows, D in GROUPED_SHAPES for dt in (F32, F16)),
         *GROUPED_LONG_CASES,
