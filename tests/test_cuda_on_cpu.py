@@ -275,25 +275,6 @@ def test_launch_checks_argument_kinds(host):
         host.launch("ln_bwd_reduce_params", (1,), (32, 8), (np.zeros(1), 1))
 
 
-def cluster_run(host, inp: dict, p) -> dict:
-    """v5's forward, and its backward's cluster kernel alone (the second stage
-    is the one test_second_stages_equal_emulation_bit_for_bit checks, and over
-    rows this long the slowest part on the CPU): the forward's outputs, dx
-    and the cluster's partial rows."""
-    x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
-    y, *stats = host.forward(x, g, b, rung="v5")
-    name, grid, block, ints = p.backward_launch()
-    with host.buffers() as new:
-        ins = [new(a.shape, a.dtype, a) for a in (dy, x, g, *stats)]
-        dx = new(x.shape, x.dtype)
-        parts = [new((p.partial_rows, p.D), np.float32) for _ in range(2)]
-        host.launch(name, grid, block, (*ins, dx, *parts, *ints),
-                    p.backward_shared_bytes)
-        out = {"dx": dx.copy(), "dgamma_part": parts[0].copy(),
-               "dbeta_part": parts[1].copy()}
-    return {"y": y, **dict(zip(("mean_hi", "mean_lo", "rstd"), stats)), **out}
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("rows, D, dtype", [
     pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}") for rows, D, dt in CLUSTER_CASES])
@@ -307,17 +288,18 @@ def test_v5_clusters_equal_emulation_bit_for_bit(host, rows, D, dtype):
     inp = check.make_inputs(rows, D, dtype, seed=D)
     inp["x"][0] = 3  # constant: every slice's sums zero but the first pass's
     inp["x"][-1, kernels.max_D() + 5] = np.nan  # in slice 1: the row turns NaN
-    got = cluster_run(host, inp, p)
+    # the backward kernel alone: the second stage, over rows this long most of
+    # the CPU's time, is test_second_stages_equal_emulation_bit_for_bit's
+    keys = ("y", "mean_hi", "mean_lo", "rstd", "dx", "dgamma_part", "dbeta_part")
+    x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
+    fwd = host.forward(x, g, b, rung="v5")
+    got = dict(zip(keys, (*fwd, *host.backward(dy, x, g, *fwd[1:], rung="v5",
+                                                 second_stage=False))))
     with np.errstate(all="ignore"):
-        y, *stats = emulate.forward(inp["x"], inp["gamma"], inp["beta"], rung="v5")
-        dx = emulate.backward(inp["dy"], inp["x"], inp["gamma"], *stats, rung="v5")[0]
-        hi, lo, rs = (np.asarray(a, np.float32)[:, None] for a in stats)
-        dy32 = inp["dy"].astype(np.float32)
-        xhat = ((inp["x"].astype(np.float32) - hi) - lo) * rs
-        parts = [emulate.block_partials(emulate.strip_sums(t, p), p)
-                 for t in (dy32 * xhat, dy32)]
-    want = {"y": y, **dict(zip(("mean_hi", "mean_lo", "rstd"), stats)), "dx": dx,
-            "dgamma_part": parts[0], "dbeta_part": parts[1]}
+        y, *stats = emulate.forward(x, g, b, rung="v5")
+        dx = emulate.backward(dy, x, g, *stats, rung="v5")[0]
+        parts = emulate.column_partials(dy, x, *stats, rung="v5")
+    want = dict(zip(keys, (y, *stats, dx, *parts)))
     assert_same_bits(got, want, f"v5 clusters of {p.cluster}, rows={rows}, D={D}",
                      nan_payload=False)
     assert np.isnan(got["y"][-1]).all() and np.isfinite(got["y"][0]).all()
@@ -386,7 +368,7 @@ def test_sanitizers_find_nothing(host, kind):
 #: second stage is the one sanitized above), each against the emulation.
 CLUSTER_SANITIZED = """
 import numpy as np
-from lnorm.gpu import check, emulate, kernels
+from lnorm.gpu import check, emulate
 from lnorm.gpu.host import HostLayerNorm
 host = HostLayerNorm({flags!r}, {src!r})
 inp = check.make_inputs(2, 16384, "float32", seed=5)
@@ -394,14 +376,8 @@ x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
 got = host.forward(x, g, b, rung="v5")
 want = emulate.forward(x, g, b, rung="v5")
 assert all(a.tobytes() == w.tobytes() for a, w in zip(got, want)), "forward"
-p = kernels.plan(2, 16384, "float32", "v5")
-name, grid, block, ints = p.backward_launch()
-with host.buffers() as new:
-    ins = [new(a.shape, a.dtype, a) for a in (dy, x, g, *want[1:])]
-    dx = new(x.shape, x.dtype)
-    parts = [new((p.partial_rows, p.D), np.float32) for _ in range(2)]
-    host.launch(name, grid, block, (*ins, dx, *parts, *ints), p.backward_shared_bytes)
-    assert dx.tobytes() == emulate.backward(dy, x, g, *want[1:], rung="v5")[0].tobytes()
+dx = host.backward(dy, x, g, *want[1:], rung="v5", second_stage=False)[0]
+assert dx.tobytes() == emulate.backward(dy, x, g, *want[1:], rung="v5")[0].tobytes()
 print("clusters ok")
 """
 

@@ -280,8 +280,22 @@ def _terms(p: LaunchPlan, dy, x, mean_hi, mean_lo, rstd):
     return dy32, ((x32 - hi) - lo) * rs, rs
 
 
-def column_partials(dy, x, mean_hi, mean_lo, rstd) -> tuple[np.ndarray, np.ndarray]:
-    r"""Return the row groups' column sums of ``dy * xhat`` and ``dy`` (v3 and v4).
+def _partials(p: LaunchPlan, dy32: np.ndarray, xhat: np.ndarray) -> tuple:
+    """The backward kernel's partial rows of dgamma and dbeta under plan p."""
+    parts = strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
+    if p.rung == "v5":  # a block's (a cluster's) groups add theirs first
+        parts = tuple(block_partials(part, p) for part in parts)
+    return parts
+
+
+def column_partials(dy, x, mean_hi, mean_lo, rstd, *,
+                    rung: str = "v4") -> tuple[np.ndarray, np.ndarray]:
+    r"""Return the partial rows of ``dy * xhat`` and ``dy`` the backward kernel writes.
+
+    The row groups' column sums over their strips (v3: what its atomics
+    add; v4: the ``(row_groups, D)`` buffers), or for v5 those of each block's
+    (each cluster's) groups added first: one partial row per block
+    (cluster), what its second stage sums.
 
     Parameters
     ----------
@@ -289,11 +303,14 @@ def column_partials(dy, x, mean_hi, mean_lo, rstd) -> tuple[np.ndarray, np.ndarr
         The upstream gradient and the forward's input.
     mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
         As :func:`lnorm.gpu.emulate.forward` returns them.
+    rung : {"v4", "v3", "v5"}, default "v4"
+        Whose partial rows.
 
     Returns
     -------
-    dgamma_part, dbeta_part : ndarray, float32, shape (row_groups, D)
-        :func:`lnorm.gpu.emulate.strip_sums` of the two terms.
+    dgamma_part, dbeta_part : ndarray, float32, shape (partial rows, D)
+        :func:`lnorm.gpu.emulate.strip_sums` of the two terms (v5: then
+        :func:`lnorm.gpu.emulate.block_partials`).
 
     See Also
     --------
@@ -307,9 +324,10 @@ def column_partials(dy, x, mean_hi, mean_lo, rstd) -> tuple[np.ndarray, np.ndarr
     >>> dbeta_part[:, 0].tolist()  # strips of 16, 16 and 8 rows
     [16.0, 16.0, 8.0]
     """
-    p = plan(int(np.prod(np.shape(x)[:-1])), np.shape(x)[-1], np.asarray(x).dtype)
+    p = plan(int(np.prod(np.shape(x)[:-1])), np.shape(x)[-1], np.asarray(x).dtype,
+             rung)
     dy32, xhat, _ = _terms(p, dy, x, mean_hi, mean_lo, rstd)
-    return strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
+    return _partials(p, dy32, xhat)
 
 
 def add_in_order(part: np.ndarray, order=None) -> np.ndarray:
@@ -468,12 +486,10 @@ def backward(
     mean_g = (row_sum(g, p) / D)[:, None]
     mean_gxhat = (row_sum(g * xhat, p) / D)[:, None]
     dx = ((g - mean_g) - xhat * mean_gxhat) * rs
-    parts = strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
+    parts = _partials(p, dy32, xhat)
     if rung == "v3":
         dgamma, dbeta = (add_in_order(part, order) for part in parts)
-    else:  # v5's blocks add their groups first; its reduction has more slices
-        if rung == "v5":
-            parts = tuple(block_partials(part, p) for part in parts)
+    else:  # v5's reduction has more slices
         slices = p.reduce_launch()[2][1]
         dgamma, dbeta = (reduce_partials(part, slices) for part in parts)
     return _rounded(dx, x.dtype).reshape(x.shape), dgamma, dbeta

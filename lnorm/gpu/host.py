@@ -452,7 +452,7 @@ class HostLayerNorm:
             return tuple(o.copy() for o in outs)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
-                 rung: str = "v4") -> tuple:
+                 rung: str = "v4", second_stage: bool = True) -> tuple:
         r"""Run the fused backward and the dgamma/dbeta reduction on the CPU.
 
         The launches of :meth:`lnorm.gpu.run.FusedLayerNorm.backward`, on
@@ -472,18 +472,25 @@ class HostLayerNorm:
             (here blocks run one at a time, in launch order, but the row
             groups of one block run as threads at once and add in any
             order; :func:`lnorm.gpu.check.atomic_check` allows for that).
+        second_stage : bool, default True
+            False (v4, v5): stop after the backward kernel and return its
+            partial rows instead of dgamma and dbeta (over long rows the
+            second stage is most of the CPU's time).
 
         Returns
         -------
         dx : ndarray, shape and dtype of ``x``
             The gradient of the input.
         dgamma, dbeta : ndarray, float32, shape (D,)
-            The gradients of the scale and shift.
+            The gradients of the scale and shift; with ``second_stage=False``
+            the ``(partial_rows, D)`` partial rows
+            (:func:`lnorm.gpu.emulate.column_partials`).
 
         Raises
         ------
         ValueError, TypeError
-            Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
+            Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses;
+            ``second_stage=False`` with v3, which has none.
 
         See Also
         --------
@@ -504,6 +511,8 @@ class HostLayerNorm:
         """
         arrays = [np.asarray(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd)]
         p = check_backward_args(*arrays, rung=rung)
+        if not second_stage and rung == "v3":
+            raise ValueError("rung 'v3' has no second stage to leave out.")
         if p.rows == 0:
             return (np.empty_like(arrays[1]), np.zeros(p.D, np.float32),
                     np.zeros(p.D, np.float32))
@@ -519,6 +528,8 @@ class HostLayerNorm:
             params = [new((p.D,), np.float32) for _ in range(2)]
             self.launch(name, grid, block, (*ins, dx, *parts, *ints),
                         p.backward_shared_bytes)
+            if not second_stage:
+                return dx.copy(), parts[0].copy(), parts[1].copy()
             self.launch(*p.reduce_launch(),
                         (*parts, np.int32(p.partial_rows), np.int32(p.D), *params))
             return dx.copy(), params[0].copy(), params[1].copy()
