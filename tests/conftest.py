@@ -94,3 +94,19 @@ def layernorm_case():
     x, gamma, beta, dy = reference.make_inputs((2, 3, 8), seed=11)
     grads = lnorm.backward(dy, lnorm.forward(x, gamma, beta)[1])
     return [x, gamma, beta], dy, list(grads)
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """Import a script of benchmarks/ by its name (the folder is no package)."""
+    import importlib.util
+    from pathlib import Path
+
+    def load(name: str):
+        path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

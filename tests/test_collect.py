@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,12 +12,8 @@ ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
-def collect():
-    path = ROOT / "benchmarks" / "collect.py"
-    spec = importlib.util.spec_from_file_location("collect", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def collect(load_benchmark):
+    return load_benchmark("collect")
 
 
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'

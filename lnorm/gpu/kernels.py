@@ -128,8 +128,11 @@ WAVE_THREADS = 128 * 512
 #: tail of clusters for a second wave. In exploratory runs on an H200
 #: (2026-11-26, not kept as data: book/data/gpu/clusters/ has the four-wave
 #: plan), the float32 backward with clusters of 8 ran well below the same
-#: with four times the clusters, and with clusters of 2 a little above.
-#: Still a constant: the plan does not ask the device.
+#: with four times the clusters, and with clusters of 2 a little above. On
+#: an H100 (2026-11-27, ``strip_sweep`` in clusters/h100-2026-11-27.json),
+#: 2 to 30 times the plan's clusters gained at most 0.06 of the copy
+#: bandwidth at any long shape, and the most clusters lost up to 0.22 in the
+#: backward. Still a constant: the plan does not ask the device.
 CLUSTER_WAVES = 4
 
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
