@@ -1,12 +1,14 @@
-"""v5's clusters of blocks on a GPU: bit checks against the emulation and
-repeat runs at rows past one block, then v4 and v5 timed at long rows, in one
-JSON file (what ``book/data/gpu/clusters/`` keeps).
+"""v5's kernels of rows past one block (clusters of blocks) or of any D (a
+tail) on a GPU: bit checks against the emulation and repeat runs, then v4 and
+v5 timed, in one JSON file (what ``book/data/gpu/clusters/`` and
+``book/data/gpu/tails/`` keep).
 
-    python3 benchmarks/cluster_check.py OUT.json
-    python3 benchmarks/cluster_check.py --launch-only   # for compute-sanitizer
+    python3 benchmarks/cluster_check.py OUT.json            # the clusters
+    python3 benchmarks/cluster_check.py --tails OUT.json    # rows of any D
+    python3 benchmarks/cluster_check.py --launch-only [--tails]  # compute-sanitizer
 
-Runs from the repository root with ``PYTHONPATH=.``; needs CuPy and a GPU of
-sm_90 or later.
+Runs from the repository root with ``PYTHONPATH=.``; needs CuPy and a GPU (of
+sm_90 or later for the clusters).
 """
 import json
 import sys
@@ -17,12 +19,24 @@ from lnorm.gpu import check, emulate, measure
 from lnorm.gpu.kernels import plan
 from lnorm.gpu.run import FusedLayerNorm
 
+#: (launched under compute-sanitizer, checked bit for bit, timed)
+SETS = {
+    "clusters": (((3, 16384), (2, 20000), (2, 65536)),
+                 ((64, 16384), (17, 24576), (9, 40000), (33, 65536)),
+                 ((8192, 16384), (4096, 32768), (2048, 65536), (8192, 12288))),
+    # rows that start on 16, 12, 8 and 4 bytes; a tail of every length; float16
+    # of odd D (v5's scalars) beside
+    "tails": (((5, 7), (3, 1030), (2, 4100)),
+              ((64, 1), (33, 2), (70, 7), (40, 1030), (17, 4099), (9, 4100),
+               (5, 8190)),
+              ((8192, 1024), (8192, 1030), (8192, 4096), (8192, 4100),
+               (8192, 4095), (8192, 8190))),
+}
+args = [a for a in sys.argv[1:] if a != "--tails"]
+SMALL, CHECKED, TIMED = SETS["tails" if "--tails" in sys.argv else "clusters"]
 fused = FusedLayerNorm()
-SMALL = ((3, 16384), (2, 20000), (2, 65536))
-CHECKED = (*SMALL, (64, 16384), (17, 24576), (9, 40000), (33, 65536))
-TIMED = ((8192, 16384), (4096, 32768), (2048, 65536), (8192, 12288))
 
-if sys.argv[1] == "--launch-only":
+if args[0] == "--launch-only":
     for rows, D in SMALL:
         for dt in ("float32", "float16"):
             inp = check.make_inputs(rows, D, dt, seed=1)
@@ -42,17 +56,19 @@ for rows, D in CHECKED:
         again = check.forward_backward(fused.forward, fused.backward, inp, "v5")
         diff = {k: int(np.sum(got[k].view(np.uint8) != want[k].view(np.uint8)))
                 for k in want}
+        p = plan(rows, D, dt, "v5")
         out["bit_checks"].append({
-            "rows": rows, "D": D, "dtype": dt,
-            "cluster": plan(rows, D, dt, "v5").cluster,
+            "rows": rows, "D": D, "dtype": dt, "cluster": p.cluster,
+            "kernel_forward": p.kernel("forward"),
+            "kernel_backward": p.kernel("backward"),
             "bytes_differing": diff, "equal": not any(diff.values()),
             "repeat_equal": all(got[k].tobytes() == again[k].tobytes() for k in got)})
-        print(rows, D, dt, out["bit_checks"][-1]["equal"],
+        print(rows, D, dt, p.kernel("forward"), out["bit_checks"][-1]["equal"],
               out["bit_checks"][-1]["repeat_equal"], flush=True)
 out.update(measure.time_shapes(cp, fused, measure._Timer(cp, 20), TIMED,
                                rungs=("v4", "v5")))
 for t in out["timings"]:
     print(t["rung"], t["direction"], t["rows"], t["D"], t["dtype"],
           f"{t['copy_share']:.3f}", flush=True)
-with open(sys.argv[1], "w") as f:
+with open(args[0], "w") as f:
     json.dump(out, f, indent=1)

@@ -379,8 +379,9 @@ def arch_kernels(arch: str) -> set:
 
 def test_every_kernel_compiles(compiled):
     arch, reports, _ = compiled
-    assert len(ALL_KERNELS) == 66
+    assert len(ALL_KERNELS) == 68
     assert len([k for k in ALL_KERNELS if CLUSTER.fullmatch(k)]) == 12
+    assert len([k for k in ALL_KERNELS if k.endswith("_any")]) == 4
     assert set(reports) == arch_kernels(arch)
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
@@ -482,7 +483,7 @@ def test_grouped_backward_is_v4_with_block_partials(compiled):
     instructions and bytes as v4's loads; one wait per row."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if GROUPED.fullmatch(n)}
-    assert len(grouped) == 8
+    assert len(grouped) == 7  # float32 rows of a block: no scalars, a tail
     rows = {"x", "dy"}
     for name, r in grouped.items():
         mapping, _, vec = GROUPED.fullmatch(name).groups()
@@ -535,7 +536,7 @@ def test_grouped_forward_is_v4_with_strips_and_prefetch(compiled):
     stored with the streaming hint."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if FWD_GROUPED.fullmatch(n)}
-    assert len(grouped) == 8
+    assert len(grouped) == 7
     ahead = C["LN_FWD_ROWS_IN_FLIGHT"] - 1
     for name, r in grouped.items():
         mapping, _, vec = FWD_GROUPED.fullmatch(name).groups()
@@ -556,6 +557,28 @@ def test_grouped_forward_is_v4_with_strips_and_prefetch(compiled):
         # y, written once, with the streaming hint (v4's forward: none)
         assert r.count("st.global.cs") == v4.per_argument("st")["y"][0], name
         assert v4.count("st.global.cs") == 0, name
+
+
+def test_any_d_kernels_are_the_vector_kernels_with_narrower_moves(compiled):
+    """v5's kernels of rows of any D (a tail): the vector kernel's barriers,
+    shuffles, wait and 16-byte copies and stores, and beside them copies and
+    stores of 4 bytes (rows that start off 16 bytes, and the tail), never 8;
+    x and dy reach registers only through shared memory; no local memory."""
+    _, reports, _ = compiled
+    tails = {n: r for n, r in reports.items() if n.endswith("_any")}
+    assert sorted(tails) == [f"ln_{d}_grouped_block_{s}_any"
+                             for d in ("bwd", "fwd") for s in ("f16", "f32")]
+    for name, r in tails.items():
+        v = reports[name.replace("_any", "_v4" if "_f32_" in name else "_v8")]
+        for op in ("bar.sync", "shfl.sync.bfly", "cp.async.wait_group",
+                   "cp.async.cg.shared.global", "st.global.cs.v4"):
+            assert r.count(op) == v.count(op) > 0, (name, op)
+        assert r.count("cp.async.ca.shared.global") > 0, name
+        assert r.count("st.global.cs.u32") > 0, name
+        assert r.count("st.global.cs.v2") == r.count("ld.global.v2") == 0, name
+        assert r.local_bytes == 0 and r.count("atom") == 0, name
+        loaded = r.per_argument("ld", in_loop=True)
+        assert "x" not in loaded and "dy" not in loaded, name
 
 
 def test_reductions_use_shuffles_and_little_shared_memory(compiled):
@@ -1585,8 +1608,12 @@ def test_model_registers_match_ptxas():
         pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
     _, usage = ptx.inspect_kernels("sm_90")
     for short, regs in model.REGISTERS.items():
-        kind = "" if short.endswith("_long") or "_cluster" in short else "_block"
-        measured = usage[f"ln_{short}{kind}_f32_v4"].registers
+        if short.endswith("_any"):  # v5's rows of any D
+            name = f"ln_{short.removesuffix('_any')}_block_f32_any"
+        else:
+            kind = "" if short.endswith("_long") or "_cluster" in short else "_block"
+            name = f"ln_{short}{kind}_f32_v4"
+        measured = usage[name].registers
         assert abs(measured - regs) <= 8, (short, measured, regs)
     for short, shared in model.STATIC_SHARED.items():
         for storage in ("f32_v4", "f16_v8"):
@@ -1640,8 +1667,12 @@ def test_model_prefetch_makes_a_step_bandwidth_bound():
     three = model.predict("backward", 8192, 4096, "float32", rung="v5",
                           rows_in_flight=3)
     assert three.time == pytest.approx(two.time)
-    # The kernels of scalars and the other rungs do not prefetch.
-    assert model.predict("backward", 8192, 4095, "float32", rung="v5").time == (
+    # The kernels of scalars (float16 rows of odd D) do not prefetch; those of
+    # rows of any D, with a tail, do, as the vector kernels.
+    assert model.predict("backward", 8192, 4095, "float16", rung="v5").time == (
+        model.predict("backward", 8192, 4095, "float16", rung="v5",
+                      rows_in_flight=1).time)
+    assert model.predict("backward", 8192, 4095, "float32", rung="v5").time < (
         model.predict("backward", 8192, 4095, "float32", rung="v5",
                       rows_in_flight=1).time)
 

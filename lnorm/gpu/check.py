@@ -254,7 +254,7 @@ def summation_depth(p: LaunchPlan) -> int:
     """
     if p.cluster > 1:
         return constants()["LN_ELEMS_PER_THREAD"] + 10 + p.cluster - 1
-    nvec = p.D // p.vec
+    nvec = -(-p.D // p.vec)  # a tail (v5's rows of any D) counts as a vector
     serial = -(-nvec // p.threads_per_row) * p.vec
     return serial + 5 + (5 if p.per_block else 0)
 

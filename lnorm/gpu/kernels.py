@@ -259,9 +259,9 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     name(...)``) or, one per variant, by a macro ``#define M(SUFFIX, ...)``
     declaring ``prefix##SUFFIX(...)``, or forwarding to such a macro, and
     expanded by a list of variants, ``LN_VARIANTS(M)``,
-    ``LN_LONG_VARIANTS(M)``, ``LN_LONG_VECTOR_VARIANTS(M)`` or
-    ``LN_CLUSTER_VARIANTS(M)``; all are read (the kernels of clusters too,
-    which a GPU before sm_90 does not have).
+    ``LN_LONG_VARIANTS(M)``, ``LN_LONG_VECTOR_VARIANTS(M)``,
+    ``LN_GROUPED_VARIANTS(M)`` or ``LN_CLUSTER_VARIANTS(M)``; all are read
+    (the kernels of clusters too, which a GPU before sm_90 does not have).
 
     Parameters
     ----------
@@ -288,7 +288,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (34, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (35, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -481,7 +481,8 @@ class LaunchPlan:
         Storage type of ``x``, ``dy``, ``gamma``, ``beta``, ``y``, ``dx``.
     vec : int
         Elements per 16-byte vector load: 4 (float32) or 8 (float16) when
-        ``D`` is a multiple of it, else 1.
+        ``D`` is a multiple of it, or for v5's rows of any D (``aligned``
+        False), else 1.
     per_block : bool
         One row per block (rows longer than a warp holds) rather than one row
         per warp.
@@ -519,6 +520,13 @@ class LaunchPlan:
         (the power of two that covers ``chunks`` slices of ``max_D()``
         elements); a row group is then a cluster, and the grids count its
         blocks. 1 for every other plan.
+    aligned : bool, default True
+        Every row starts on a vector (``D`` a multiple of ``vec``, or
+        ``vec == 1``). False for v5's kernels of rows of a block of any D
+        (``32 * LN_ELEMS_PER_THREAD < D <= max_D()``; float32, and float16
+        of even ``D``): the vector kernels' columns and order, the row's last
+        vector a tail of ``D % vec`` elements, each row's vectors moved in 16
+        or 4 bytes as its start allows (``ln_*_grouped_block_*_any``).
 
     See Also
     --------
@@ -548,6 +556,7 @@ class LaunchPlan:
     backward_block: int = 0
     forward_rows_per_group: int = 0
     cluster: int = 1
+    aligned: bool = True
 
     @property
     def groups_per_block(self) -> int:
@@ -901,6 +910,8 @@ class LaunchPlan:
         'ln_bwd_atomic_warp_f32_v1'
         >>> plan(64, 4096, "float16", rung="v5").kernel("forward")
         'ln_fwd_grouped_block_f16_v8'
+        >>> plan(64, 4100, "float16", rung="v5").kernel("forward")  # a tail
+        'ln_fwd_grouped_block_f16_any'
         >>> plan(64, 65536, "float16", rung="v5").kernel("backward")
         'ln_bwd_grouped_cluster8_f16_v8'
         """
@@ -912,7 +923,8 @@ class LaunchPlan:
             self.rung]
         mapping = (f"cluster{self.cluster}" if self.cluster > 1 else "long"
                    if self.chunks > 1 else "block" if self.per_block else "warp")
-        return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_v{self.vec}"
+        loads = f"v{self.vec}" if self.aligned else "any"
+        return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_{loads}"
 
 
 def max_D(rung: str = "v4") -> int:
@@ -1207,8 +1219,14 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         )
     c = constants()
     E = c["LN_ELEMS_PER_THREAD"]
-    vec = _MAX_VEC[dtype] if D % _MAX_VEC[dtype] == 0 else 1
-    nvec = D // vec
+    # v5 takes rows of a block (past what a warp holds) of any D with 16-byte
+    # vectors and a tail, where every row starts on 4 bytes (so not float16
+    # of odd D)
+    aligned = D % _MAX_VEC[dtype] == 0
+    tail = (rung == "v5" and not aligned and 32 * E < D <= max_D()
+            and D * dtype.itemsize % 4 == 0)
+    vec = _MAX_VEC[dtype] if aligned or tail else 1
+    nvec = -(-D // vec)  # the tail counts as one
     per_block = D > 32 * E
     chunks = 1
     if per_block:
@@ -1291,6 +1309,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         backward_block=backward_block,
         forward_rows_per_group=forward_rows_per_group,
         cluster=cluster,
+        aligned=not tail,
     )
 
 

@@ -223,7 +223,8 @@ __device__ __forceinline__ void backward_row(
     constexpr int VPT = E / VEC;
     // xhat and g kept: one vector, or all
     constexpr int KEPT = TWICE ? VEC : E;
-    const int nvec = (cols < 0 ? D : cols) / VEC;
+    const int ncols = cols < 0 ? D : cols;
+    const int nvec = row_vectors<T, VEC>(ncols);  // a tail counts as one
     const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
     const float rs = rstd[row];
     const long long offset = row * D;
@@ -246,11 +247,14 @@ __device__ __forceinline__ void backward_row(
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (active && v < nvec) {
+            const int n = vector_elements<T, VEC>(v, ncols);
             float xv[VEC], dyv[VEC];
-            load_row(i, offset + v * VEC, xv, dyv);
+            load_row(i, offset + v * VEC, xv, dyv, n);
             terms(i, xv, dyv);
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
+                // past a tail, x, dy and gamma are zeros: g is +0 and adds
+                // nothing, and the columns past D are never written
                 const int k = i * VEC + c, s = TWICE ? c : k;
                 part.x += g[s];
                 part.y += g[s] * xhat[s];
@@ -272,9 +276,10 @@ __device__ __forceinline__ void backward_row(
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (active && v < nvec) {
+            const int n = vector_elements<T, VEC>(v, ncols);
             if constexpr (TWICE) {
                 float xv[VEC], dyv[VEC];
-                load_row(i, offset + v * VEC, xv, dyv);
+                load_row(i, offset + v * VEC, xv, dyv, n);
                 terms(i, xv, dyv);
             }
             float out[VEC];
@@ -283,7 +288,7 @@ __device__ __forceinline__ void backward_row(
                 const int s = TWICE ? c : i * VEC + c;
                 out[c] = ((g[s] - mean_g) - xhat[s] * mean_gxhat) * rs;
             }
-            VecStream<T, VEC>::store(dx + offset + v * VEC, out);
+            vec_store<T, VEC, true>(dx + offset + v * VEC, out, n);
         }
     }
 }
@@ -296,31 +301,51 @@ __device__ __forceinline__ void start_strip(
     float (&dgamma_acc)[E], float (&dbeta_acc)[E])
 {
     constexpr int VPT = E / VEC;
-    const int nvec = D / VEC;
+    const int nvec = row_vectors<T, VEC>(D);
 #pragma unroll
     for (int k = 0; k < E; ++k) dgamma_acc[k] = dbeta_acc[k] = 0.0f;
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
-        if (v < nvec) Vec<T, VEC>::load(gamma + v * VEC, &gam[i * VEC]);
+        if (v < nvec)
+            vec_load_aligned<T, VEC>(gamma + v * VEC, &gam[i * VEC],
+                                     vector_elements<T, VEC>(v, D));
+    }
+}
+
+// n floats of a thread's column sums (n = VEC but for a tail) into a row of
+// the partial buffers; for rows of any D, that row (D floats past the last)
+// is aligned to 4 bytes only, and moves in pieces of 4 floats as VecAny
+// moves a row.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_floats(float* p, const float* in,
+                                             int n) {
+    if constexpr (AnyAlign<T>::value) {
+#pragma unroll
+        for (int h = 0; h < VEC; h += 4)
+            VecAny<float_any, 4, false>::store(
+                reinterpret_cast<float_any*>(p + h), in + h,
+                max(0, min(4, n - h)));
+    } else {
+        Vec<float, VEC>::store(p, in);
     }
 }
 
 // A thread's column sums, as one row of the (partial rows, D) buffers.
-template <int VEC, int E>
+template <typename T, int VEC, int E>
 __device__ __forceinline__ void store_columns(
     float* __restrict__ dgamma_row, float* __restrict__ dbeta_row, int D,
     int t, int G, const float (&dgamma_acc)[E], const float (&dbeta_acc)[E])
 {
     constexpr int VPT = E / VEC;
-    const int nvec = D / VEC;
+    const int nvec = row_vectors<T, VEC>(D);
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (v < nvec) {
-            const int k = i * VEC;
-            Vec<float, VEC>::store(dgamma_row + v * VEC, dgamma_acc + k);
-            Vec<float, VEC>::store(dbeta_row + v * VEC, dbeta_acc + k);
+            const int k = i * VEC, n = vector_elements<T, VEC>(v, D);
+            store_floats<T, VEC>(dgamma_row + v * VEC, dgamma_acc + k, n);
+            store_floats<T, VEC>(dbeta_row + v * VEC, dbeta_acc + k, n);
         }
     }
 }
@@ -365,7 +390,7 @@ __device__ __forceinline__ void backward_strip(
                       : sizeof(T) == 2 ? LN_BWD_WARP_ROWS_IN_FLIGHT_F16
                                        : LN_BWD_WARP_ROWS_IN_FLIGHT_F32;
     LN_DYNAMIC_SHARED(uint4, staged);
-    const int nvec = cols / VEC;
+    const int nvec = row_vectors<T, VEC>(cols);
     float2* scratch =
         reinterpret_cast<float2*>(staged + S * 2 * VPT * blockDim.x);
     int parity = 0;
@@ -382,10 +407,11 @@ __device__ __forceinline__ void backward_strip(
         for (int i = 0; i < VPT; ++i) {
             const int v = t + i * G;
             if (v < nvec) {
-                copy_async_16(slot(buffer, 0, i),
-                              x + row * D + col0 + v * VEC);
-                copy_async_16(slot(buffer, 1, i),
-                              dy + row * D + col0 + v * VEC);
+                const int n = vector_elements<T, VEC>(v, cols);
+                copy_vec<T, VEC>(slot(buffer, 0, i),
+                                 x + row * D + col0 + v * VEC, n);
+                copy_vec<T, VEC>(slot(buffer, 1, i),
+                                 dy + row * D + col0 + v * VEC, n);
             }
         }
     };
@@ -393,18 +419,19 @@ __device__ __forceinline__ void backward_strip(
                           [&](int buffer, long long row, bool active) {
         // A row of scalars read twice (LONG) is read the second time from
         // cache: no streaming hint on its loads.
-        auto load_row = [&](int i, long long at, float* xv, float* dyv) {
+        auto load_row = [&](int i, long long at, float* xv, float* dyv,
+                            int n) {
             if constexpr (STAGED) {
-                Vec<T, VEC>::load(
-                    reinterpret_cast<const T*>(slot(buffer, 0, i)), xv);
-                Vec<T, VEC>::load(
-                    reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv);
+                vec_load_slot<T, VEC>(
+                    reinterpret_cast<const T*>(slot(buffer, 0, i)), xv, n);
+                vec_load_slot<T, VEC>(
+                    reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv, n);
             } else if constexpr (LONG) {
-                Vec<T, VEC>::load(x + col0 + at, xv);
-                Vec<T, VEC>::load(dy + col0 + at, dyv);
+                vec_load<T, VEC>(x + col0 + at, xv, n);
+                vec_load<T, VEC>(dy + col0 + at, dyv, n);
             } else {
-                VecStream<T, VEC>::load(x + col0 + at, xv);
-                VecStream<T, VEC>::load(dy + col0 + at, dyv);
+                vec_load<T, VEC, true>(x + col0 + at, xv, n);
+                vec_load<T, VEC, true>(dy + col0 + at, dyv, n);
             }
         };
         backward_row<T, VEC, E, LONG>(
@@ -459,7 +486,7 @@ __device__ __forceinline__ void layernorm_backward_grouped(
         }
     }
     if (p == 0)
-        store_columns<VEC, E>(dgamma_part + blockIdx.x * (long long)D,
+        store_columns<T, VEC, E>(dgamma_part + blockIdx.x * (long long)D,
                               dbeta_part + blockIdx.x * (long long)D, D, t,
                               G, dgamma_acc, dbeta_acc);
 }
@@ -488,9 +515,9 @@ __device__ __forceinline__ void layernorm_backward_cluster(
     backward_strip<T, VEC, true, E, CL>(
         dy, x, gamma, mean_hi, mean_lo, rstd, dx, rows, D, rows_per_group,
         group_threads, 1, group, t, col0, cols, dgamma_acc, dbeta_acc);
-    store_columns<VEC, E>(dgamma_part + group * D + col0,
-                          dbeta_part + group * D + col0, cols, t,
-                          group_threads, dgamma_acc, dbeta_acc);
+    store_columns<T, VEC, E>(dgamma_part + group * D + col0,
+                             dbeta_part + group * D + col0, cols, t,
+                             group_threads, dgamma_acc, dbeta_acc);
     cluster_sync();
 }
 
@@ -533,7 +560,7 @@ __device__ __forceinline__ void layernorm_backward_cluster(
     LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS,     \
                                  LN_ELEMS_PER_THREAD)
 
-LN_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
+LN_GROUPED_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
 
 // v5 for rows longer than registers hold with x and dy, up to
 // LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: ln_bwd_grouped_long_<suffix>,

@@ -59,6 +59,24 @@
 #define LN_LONG_VECTOR_VARIANTS(K)                     \
     K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
     K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)
+// v5's variants of rows held in registers, K(...) as LN_VARIANTS: 16-byte
+// vectors where D is a multiple of them; else, for rows of a block (D >
+// 32 * LN_ELEMS_PER_THREAD) that start on 4 bytes (float32 any D, float16
+// any even D), the columns and order of the vector kernels with a tail,
+// each row's vectors moved in 16 or 4 bytes as its start allows (*_any,
+// VecAny below); else scalars. (The warp variants of a tail, built once,
+// gave other dgamma and dbeta bits than the emulation on an H100 in float32,
+// which the CPU did not reproduce: they are not built.)
+#define LN_GROUPED_VARIANTS(K)                              \
+    K(warp_f32_v4, float, 4, false, LN_WARP_THREADS)        \
+    K(warp_f32_v1, float, 1, false, LN_WARP_THREADS)        \
+    K(warp_f16_v8, half_bits, 8, false, LN_WARP_THREADS)    \
+    K(warp_f16_v1, half_bits, 1, false, LN_WARP_THREADS)    \
+    K(block_f32_v4, float, 4, true, LN_BLOCK_THREADS)       \
+    K(block_f32_any, float_any, 4, true, LN_BLOCK_THREADS)  \
+    K(block_f16_v8, half_bits, 8, true, LN_BLOCK_THREADS)   \
+    K(block_f16_any, half_any, 8, true, LN_BLOCK_THREADS)   \
+    K(block_f16_v1, half_bits, 1, true, LN_BLOCK_THREADS)
 // v5's kernels for rows longer than LN_LONG_ELEMS_PER_THREAD *
 // LN_MAX_ROW_THREADS: a cluster of 2, 4 or 8 blocks a row group, 16-byte
 // vectors only. K(suffix, storage type, vector, largest block, blocks a
@@ -260,6 +278,14 @@ __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
                  :: "r"(dst), "l"(gmem) : "memory");
 }
+// copy_async_4: a copy of 4 bytes (.ca: the only kind for this size), both
+// addresses on 4 bytes; for rows that do not start on 16 bytes (v5's
+// variants for any D).
+__device__ __forceinline__ void copy_async_4(void* smem, const void* gmem) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
+                 :: "r"(dst), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -272,11 +298,213 @@ template <int N> __device__ __forceinline__ void async_wait() {
 inline void copy_async_16(void* smem, const void* gmem) {
     __builtin_memcpy(smem, gmem, 16);
 }
+inline void copy_async_4(void* smem, const void* gmem) {
+    __builtin_memcpy(smem, gmem, 4);
+}
 inline void async_commit() {}
 template <int N> inline void async_wait() {}
 #define LN_DYNAMIC_SHARED(T, name) \
     T* name = reinterpret_cast<T*>(cuda_host::dynamic_shared())
 #endif
+
+// ---- v5's rows of any D: 16 bytes where the row allows, a tail for the rest
+//
+// v5's variants for rows of a block whose D is not a multiple of the vector
+// (float32 any D, float16 any even D) keep the vector kernels' columns and
+// order: thread t still holds vectors t, t + G, ... of VEC elements, the
+// last vector of the row holding only D % VEC of them (the tail). What
+// changes is how a vector moves. Row r starts r * D elements past an aligned
+// base, so its vectors start on 16 bytes or on 4 (8 counts as 4), the same
+// for the whole row: each moves as one 16-byte access or four of 4 bytes,
+// into the same 16 bytes of registers or of shared memory. The storage
+// types float_any and half_any (the bits of float and half_bits) select
+// this (VecAny, vec_load, vec_store, copy_vec below); AnyAlign<T> tells the
+// kernels that a vector may be a tail.
+struct float_any { float v; };
+struct half_any { half_bits v; };
+template <typename T> struct AnyAlign { static constexpr bool value = false; };
+template <> struct AnyAlign<float_any> { static constexpr bool value = true; };
+template <> struct AnyAlign<half_any> { static constexpr bool value = true; };
+
+// Elements of vector v (of VEC) within a row or slice of `cols`: VEC, or
+// the tail's count for the last vector of a row of any D.
+template <typename T, int VEC>
+__device__ __forceinline__ int vector_elements(int v, int cols) {
+    if constexpr (AnyAlign<T>::value) return min(VEC, cols - v * VEC);
+    else return VEC;
+}
+
+// The same as a mask, bit c for element c of vector v.
+template <typename T, int VEC>
+__device__ __forceinline__ unsigned lanes_on(int v, int cols) {
+    if constexpr (AnyAlign<T>::value) {
+        const int n = cols - v * VEC;
+        return n >= VEC ? (1u << VEC) - 1u : (1u << n) - 1u;
+    } else {
+        return (1u << VEC) - 1u;
+    }
+}
+
+// Vectors of a row or slice of `cols`: the tail counts as one.
+template <typename T, int VEC>
+__device__ __forceinline__ int row_vectors(int cols) {
+    return AnyAlign<T>::value ? (cols + VEC - 1) / VEC : cols / VEC;
+}
+
+// The 16 bytes at p, on 4 bytes at least: one 16-byte access where p is
+// on 16 bytes, else four of 4; STREAM adds the streaming hint.
+template <bool STREAM>
+__device__ __forceinline__ uint4 load16_any(const void* p) {
+    const unsigned long long a = (unsigned long long)p;
+    if ((a & 15) == 0) {
+        const uint4* q = reinterpret_cast<const uint4*>(p);
+        return STREAM ? __ldcs(q) : *q;
+    }
+    const unsigned* q = reinterpret_cast<const unsigned*>(p);
+    if constexpr (STREAM)
+        return make_uint4(__ldcs(q), __ldcs(q + 1), __ldcs(q + 2),
+                          __ldcs(q + 3));
+    else return make_uint4(q[0], q[1], q[2], q[3]);
+}
+
+// The converse: 16 bytes to p, in the same accesses.
+template <bool STREAM>
+__device__ __forceinline__ void store16_any(void* p, uint4 v) {
+    const unsigned long long a = (unsigned long long)p;
+    if ((a & 15) == 0) {
+        uint4* q = reinterpret_cast<uint4*>(p);
+        if constexpr (STREAM) __stcs(q, v); else *q = v;
+    } else {
+        unsigned* q = reinterpret_cast<unsigned*>(p);
+        const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            if constexpr (STREAM) __stcs(q + j, w[j]); else q[j] = w[j];
+        }
+    }
+}
+
+// One vector of 16 bytes as floats, and back (float32: 4, float16: 8).
+__device__ __forceinline__ void unpack16(const uint4 v, float_any*,
+                                         float* out) {
+    out[0] = __uint_as_float(v.x); out[1] = __uint_as_float(v.y);
+    out[2] = __uint_as_float(v.z); out[3] = __uint_as_float(v.w);
+}
+__device__ __forceinline__ void unpack16(const uint4 v, half_any*,
+                                         float* out) {
+    unpack_halves(v, out);
+}
+__device__ __forceinline__ uint4 pack16(const float* in, float_any*) {
+    return make_uint4(__float_as_uint(in[0]), __float_as_uint(in[1]),
+                      __float_as_uint(in[2]), __float_as_uint(in[3]));
+}
+__device__ __forceinline__ uint4 pack16(const float* in, half_any*) {
+    return pack_halves(in);
+}
+
+// Vec and VecStream for rows of any D: a whole vector as above, or, with
+// n < VEC (the tail, n * sizeof(T) a multiple of 4), its n elements in words
+// of 4 bytes, and zeros for the rest: a sum that adds them is the sum that
+// skips them (a float sum that starts at +0 is never -0, so x + 0 is x). ALIGNED: p is
+// known to be 16-byte aligned where n == VEC (gamma, beta and the prefetch
+// slots, whose vectors start on 16 bytes whatever D is).
+template <typename T, int VEC, bool STREAM, bool ALIGNED = false>
+struct VecAny {
+    static __device__ __forceinline__ void load(const T* p, float* out,
+                                                int n = VEC) {
+        if (n == VEC && ALIGNED) {
+            unpack16(*reinterpret_cast<const uint4*>(p), (T*)nullptr, out);
+        } else if (n == VEC) {
+            unpack16(load16_any<STREAM>(p), (T*)nullptr, out);
+        } else {  // a tail: whole words of 4 bytes, zeros past them
+            const unsigned* q = reinterpret_cast<const unsigned*>(p);
+            const int words = n * (int)sizeof(T) / 4;
+            unsigned w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                w[j] = j < words ? (STREAM ? __ldcs(q + j) : q[j]) : 0u;
+            unpack16(make_uint4(w[0], w[1], w[2], w[3]), (T*)nullptr, out);
+        }
+    }
+    static __device__ __forceinline__ void store(T* p, const float* in,
+                                                 int n = VEC) {
+        const uint4 v = pack16(in, (T*)nullptr);
+        if (n == VEC) {
+            store16_any<STREAM>(p, v);
+        } else {
+            unsigned* q = reinterpret_cast<unsigned*>(p);
+            const int words = n * (int)sizeof(T) / 4;
+            const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (j < words) {
+                    if constexpr (STREAM) __stcs(q + j, w[j]); else q[j] = w[j];
+                }
+            }
+        }
+    }
+};
+
+// A vector of n elements (n = VEC but for a tail) by Vec, VecStream (STREAM)
+// or, for rows of any D, VecAny: what the kernels shared by both call.
+template <typename T, int VEC, bool STREAM = false>
+__device__ __forceinline__ void vec_load(const T* p, float* out, int n) {
+    if constexpr (AnyAlign<T>::value) VecAny<T, VEC, STREAM>::load(p, out, n);
+    else if constexpr (STREAM) VecStream<T, VEC>::load(p, out);
+    else Vec<T, VEC>::load(p, out);
+}
+// A vector from its prefetch slot (16 bytes of shared memory, written by
+// this thread's copies of its n elements): all 16 bytes at once, then
+// zeros past a tail.
+template <typename T, int VEC>
+__device__ __forceinline__ void vec_load_slot(const T* p, float* out, int n) {
+    if constexpr (AnyAlign<T>::value) {
+        unpack16(*reinterpret_cast<const uint4*>(p), (T*)nullptr, out);
+#pragma unroll
+        for (int c = 0; c < VEC; ++c)
+            if (c >= n) out[c] = 0.0f;
+    } else {
+        Vec<T, VEC>::load(p, out);
+    }
+}
+// A vector known to start on 16 bytes (gamma, beta).
+template <typename T, int VEC>
+__device__ __forceinline__ void vec_load_aligned(const T* p, float* out,
+                                                 int n) {
+    if constexpr (AnyAlign<T>::value) VecAny<T, VEC, false, true>::load(p, out, n);
+    else Vec<T, VEC>::load(p, out);
+}
+template <typename T, int VEC, bool STREAM = false>
+__device__ __forceinline__ void vec_store(T* p, const float* in, int n) {
+    if constexpr (AnyAlign<T>::value) VecAny<T, VEC, STREAM>::store(p, in, n);
+    else if constexpr (STREAM) VecStream<T, VEC>::store(p, in);
+    else Vec<T, VEC>::store(p, in);
+}
+
+// The copy of vector v's n elements (n * sizeof(T) a multiple of 4) into a
+// 16-byte prefetch slot: one copy of 16 bytes where the vector is whole and
+// on 16 bytes, else copies of 4 bytes.
+template <typename T>
+__device__ __forceinline__ void copy_async_any(void* smem, const T* gmem,
+                                               int n) {
+    const unsigned long long a = (unsigned long long)gmem;
+    const int bytes = n * (int)sizeof(T);
+    char* d = reinterpret_cast<char*>(smem);
+    const char* g = reinterpret_cast<const char*>(gmem);
+    if (bytes == 16 && (a & 15) == 0) {
+        copy_async_16(smem, gmem);
+    } else {
+        for (int b = 0; b < bytes; b += 4) copy_async_4(d + b, g + b);
+    }
+}
+
+// The prefetch of vector v's n elements (n = VEC but for a tail) into its
+// 16-byte slot.
+template <typename T, int VEC>
+__device__ __forceinline__ void copy_vec(void* smem, const T* gmem, int n) {
+    if constexpr (AnyAlign<T>::value) copy_async_any(smem, gmem, n);
+    else copy_async_16(smem, gmem);
+}
 
 // Row reductions. A butterfly (xor) shuffle leaves the sum in every lane, and
 // every lane adds the same two numbers at every step, so all lanes agree to

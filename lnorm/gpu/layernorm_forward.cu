@@ -33,7 +33,8 @@ __device__ __forceinline__ void forward_row(
     bool save = true)
 {
     constexpr int VPT = E / VEC;  // vectors per thread
-    const int nvec = (cols < 0 ? D : cols) / VEC;
+    const int ncols = cols < 0 ? D : cols;
+    const int nvec = row_vectors<T, VEC>(ncols);  // a tail counts as one
     T* yrow = y + row * D;
 
     // Step 1: the row into registers, one load per vector of VEC elements.
@@ -45,7 +46,8 @@ __device__ __forceinline__ void forward_row(
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (active && v < nvec) {
-            load_row(i, v, &xv[i * VEC]);
+            const int n = vector_elements<T, VEC>(v, ncols);
+            load_row(i, v, &xv[i * VEC], n);  // zeros past a tail
 #pragma unroll
             for (int c = 0; c < VEC; ++c) sum += xv[i * VEC + c];
         }
@@ -58,8 +60,10 @@ __device__ __forceinline__ void forward_row(
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         if (active && t + i * G < nvec) {
+            const unsigned on = lanes_on<T, VEC>(t + i * G, ncols);
 #pragma unroll
-            for (int c = 0; c < VEC; ++c) lo += xv[i * VEC + c] - mean_hi;
+            for (int c = 0; c < VEC; ++c)
+                if (on >> c & 1u) lo += xv[i * VEC + c] - mean_hi;
         }
     }
     const float mean_lo = row_sum_of(lo) / (float)D;
@@ -70,11 +74,12 @@ __device__ __forceinline__ void forward_row(
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
         if (active && t + i * G < nvec) {
+            const unsigned on = lanes_on<T, VEC>(t + i * G, ncols);
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
                 const int k = i * VEC + c;
                 xv[k] = (xv[k] - mean_hi) - mean_lo;
-                m2 += xv[k] * xv[k];
+                if (on >> c & 1u) m2 += xv[k] * xv[k];
             }
         }
     }
@@ -87,15 +92,14 @@ __device__ __forceinline__ void forward_row(
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (active && v < nvec) {
+            const int n = vector_elements<T, VEC>(v, ncols);
             float g[VEC], b[VEC], out[VEC];
-            Vec<T, VEC>::load(gamma + v * VEC, g);
-            Vec<T, VEC>::load(beta + v * VEC, b);
+            vec_load_aligned<T, VEC>(gamma + v * VEC, g, n);
+            vec_load_aligned<T, VEC>(beta + v * VEC, b, n);
 #pragma unroll
             for (int c = 0; c < VEC; ++c)
                 out[c] = xv[i * VEC + c] * rstd * g[c] + b[c];
-            if constexpr (STREAM)
-                VecStream<T, VEC>::store(yrow + v * VEC, out);
-            else Vec<T, VEC>::store(yrow + v * VEC, out);
+            vec_store<T, VEC, STREAM>(yrow + v * VEC, out, n);
         }
     }
     if (active && t == 0 && save) {
@@ -118,7 +122,7 @@ __device__ __forceinline__ void layernorm_forward(
     forward_row<T, VEC>(
         gamma, beta, y, mean_hi_out, mean_lo_out, rstd_out, row, D, eps, t, G,
         true,
-        [x, row, D](int, int v, float* xv) {
+        [x, row, D](int, int v, float* xv, int) {
             Vec<T, VEC>::load(x + row * D + v * VEC, xv);
         },
         [](float v) { return row_sum<PER_BLOCK>(v); });
@@ -190,7 +194,7 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     // This block's columns: all of them, or its slice of the cluster's row
     const int col0 = rank * SLICE;
     const int cols = CL > 1 ? max(0, min(SLICE, D - col0)) : D;
-    const int nvec = cols / VEC;
+    const int nvec = row_vectors<T, VEC>(cols);
 
     LN_DYNAMIC_SHARED(uint4, staged);
     float* scratch = reinterpret_cast<float*>(staged + S * VPT * blockDim.x);
@@ -205,8 +209,9 @@ __device__ __forceinline__ void layernorm_forward_grouped(
         for (int i = 0; i < VPT; ++i) {
             const int v = t + i * G;
             if (v < nvec)
-                copy_async_16(prefetch_slot<1, VPT>(staged, buffer, 0, i),
-                              x + row * D + col0 + v * VEC);
+                copy_vec<T, VEC>(prefetch_slot<1, VPT>(staged, buffer, 0, i),
+                                 x + row * D + col0 + v * VEC,
+                                 vector_elements<T, VEC>(v, cols));
         }
     };
     strip_rows<STAGED, S>(first, last, rows_per_group, P, prefetch,
@@ -214,12 +219,12 @@ __device__ __forceinline__ void layernorm_forward_grouped(
         forward_row<T, VEC, true, E>(
             gamma + col0, beta + col0, y + col0, mean_hi_out, mean_lo_out,
             rstd_out, row, D, eps, t, G, active,
-            [&](int i, int v, float* xv) {
+            [&](int i, int v, float* xv, int n) {
                 if constexpr (STAGED)
-                    Vec<T, VEC>::load(reinterpret_cast<const T*>(
-                        prefetch_slot<1, VPT>(staged, buffer, 0, i)), xv);
+                    vec_load_slot<T, VEC>(reinterpret_cast<const T*>(
+                        prefetch_slot<1, VPT>(staged, buffer, 0, i)), xv, n);
                 else
-                    Vec<T, VEC>::load(x + row * D + col0 + v * VEC, xv);
+                    vec_load<T, VEC>(x + row * D + col0 + v * VEC, xv, n);
             },
             row_sum_of, cols, rank == 0);
     });
@@ -263,7 +268,7 @@ __device__ __forceinline__ void layernorm_forward_grouped(
                                 LN_ELEMS_PER_THREAD,                         \
                                 LN_FWD_MIN_BLOCKS(T, VEC, MAX_THREADS))
 
-LN_VARIANTS(LN_FORWARD_GROUPED_KERNEL)
+LN_GROUPED_VARIANTS(LN_FORWARD_GROUPED_KERNEL)
 
 // v5 for rows longer than a block holds at LN_ELEMS_PER_THREAD elements a
 // thread, up to LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: one name per

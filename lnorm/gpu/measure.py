@@ -268,8 +268,9 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
     -------
     str
         ``"sources"`` if the sources are those measured; ``"ptx"`` if they
-        changed but every kernel measured compiles to the PTX it had;
-        ``"changed"`` otherwise.
+        changed but every kernel measured compiles to the PTX it had (a
+        kernel the measurement recorded that this build no longer has counts
+        only if one of its ``launches`` named it); ``"changed"`` otherwise.
 
     See Also
     --------
@@ -287,6 +288,12 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
     >>> now = ptx_digests(files)
     >>> kernels_measured(old, {"source_sha256": "0" * 64, "ptx_sha256": now})
     'ptx'
+    >>> gone = {**now, "ln_fwd_retired": "0" * 64}  # a kernel since removed
+    >>> kernels_measured({**old, "ptx_sha256": gone})
+    'ptx'
+    >>> timed = [{"kernel_forward": "ln_fwd_retired"}]  # ... that was timed
+    >>> kernels_measured({**old, "ptx_sha256": gone, "launches": timed})
+    'changed'
     """
     files = data.get("source_files", REGISTER_FILES)
     if data["source_sha256"] == source_digest(files):
@@ -297,9 +304,21 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
             recorded = ptx_record["ptx_sha256"]
     if recorded:
         now = ptx_digests(files)
-        if all(now.get(name) == digest for name, digest in recorded.items()):
+        launched = {name for entry in data.get("launches", ())
+                    for name in _launch_kernels(entry)}
+        # A kernel since removed counts only if the measurement timed it.
+        if all(now.get(name) == digest for name, digest in recorded.items()
+               if name in now or name in launched):
             return "ptx"
     return "changed"
+
+
+def _launch_kernels(entry: dict) -> set[str]:
+    """The kernels one recorded launch names, of every rung."""
+    names = {v for k, v in entry.items() if k.startswith("kernel_")}
+    for rung in entry.get("rungs", {}).values():
+        names |= {v for k, v in rung.items() if k.startswith("kernel_")}
+    return names
 
 
 def plan_changed(data: dict) -> set[tuple]:

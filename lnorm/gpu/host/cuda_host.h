@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <bit>
 #include <climits>
 #include <ctime>
 #include <chrono>
@@ -107,6 +108,8 @@ inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 // The GPU's rsqrtf is approximate (not correctly rounded): results differ.
 inline float rsqrtf(float a) { return 1.0f / sqrtf(a); }
 template <class T> inline T __ldg(const T* p) { return *p; }
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
 // The cache hints of streaming loads and stores mean nothing here.
 template <class T> inline T __ldcs(const T* p) { return *p; }
 template <class T> inline void __stcs(T* p, T v) { *p = v; }
