@@ -791,7 +791,7 @@ $L__BB0_1:
 def _lane_by_lane_row_sum(row: np.ndarray, p) -> np.float32:
     """The kernels' row sum simulated one lane at a time, straight from the CUDA
     source."""
-    G, vec, nvec = p.threads_per_row, p.vec, p.D // p.vec
+    G, vec, nvec = p.threads_per_row, p.vec, -(-p.D // p.vec)  # a tail: one
     partial = [np.float32(0)] * G
     vpt = E // vec
     for t in range(G):
@@ -800,7 +800,7 @@ def _lane_by_lane_row_sum(row: np.ndarray, p) -> np.float32:
                 v = t + (c * vpt + i) * G
                 if v >= nvec:
                     continue
-                for k in range(vec):
+                for k in range(min(vec, p.D - v * vec)):  # a tail: its own
                     partial[t] = np.float32(partial[t] + row[v * vec + k])
 
     def warp_sum(lanes):
@@ -830,6 +830,24 @@ def test_emulated_row_sum_follows_the_kernel_order(D):
     sequential = np.array([np.cumsum(row, dtype=np.float32)[-1] for row in a])
     if D >= 100:  # the order matters here: the comparison above has teeth
         assert np.any(got != sequential)
+
+
+@pytest.mark.parametrize("D, dtype", [(1027, "float32"), (4099, "float32"),
+                                      (1030, "float16"), (8190, "float16")])
+def test_emulated_row_sum_of_a_tail_follows_the_kernel_order(D, dtype):
+    """v5's rows of a block of any D: the vector order, the last vector a
+    tail of D % vec elements, where v4 adds the same row as scalars."""
+    rng = np.random.default_rng(D)
+    a = (rng.standard_normal((6, D)) * 10.0 ** rng.uniform(-8, 8, (6, D))).astype(
+        np.float32
+    )
+    p = kernels.plan(6, D, dtype, "v5")
+    assert not p.aligned and p.vec == (4 if dtype == "float32" else 8)
+    got = emulate.row_sum(a, p)
+    want = np.array([_lane_by_lane_row_sum(row, p) for row in a], dtype=np.float32)
+    np.testing.assert_array_equal(got, want)
+    v4 = kernels.plan(6, D, dtype)
+    assert v4.vec == 1 and np.any(got != emulate.row_sum(a, v4))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
