@@ -499,7 +499,7 @@ def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
 @pytest.mark.slow
 def test_control_v5_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
     """v5's prefetch of the next row copying one vector past its end: the
-    copy reads past x (on the host the copy is a plain memcpy). At D = 1028
+    copy reads past x (on the host, when a wait lands it). At D = 1028
     the 96 threads of a row cover more vectors than the row has."""
 
     def one_past(text):
@@ -510,6 +510,23 @@ def test_control_v5_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
                           "asan")
     assert rc != 0 and OVERFLOW in out and "layernorm_backward_grouped" in out, (
         out[-4000:])
+
+
+@pytest.mark.slow
+def test_control_v5_wait_one_group_short_reads_a_slot_too_early(host, tmp_path):
+    """v5's row loop waiting for all but S copy groups instead of S - 1: the
+    row it then reads may still be in flight. On the host a copy lands only
+    when a wait lets its group go, so the slot holds what it held before (the
+    0xff the launch filled it with, or an earlier row) and the outputs differ
+    from the emulation."""
+
+    def one_short(text):
+        return text.replace("async_wait<S - 1>();  // row k's copies are done",
+                            "async_wait<S>();", 1)
+
+    src = modified_copy(tmp_path, kernels.COMMON_FILE, one_short)
+    rc, out = run(selftest(((3, 1030),), (), src, ("float32",)), (), src)
+    assert rc != 0 and "AssertionError" in out, out[-4000:]
 
 
 @pytest.mark.slow

@@ -271,7 +271,7 @@ template <> struct VecStream<half_bits, 1> {
 // async_commit closes a group of copies; async_wait<N> waits until at most N
 // groups of this thread are still in flight. A thread reads only what its own
 // copies wrote, so no barrier is needed between the copy and the read. On the
-// host the copy is done at once and the waits are no-ops.
+// host (cuda_host.h) a copy lands only when a wait lets its group go.
 #ifdef __CUDA_ARCH__
 __device__ __forceinline__ void copy_async_16(void* smem, const void* gmem) {
     const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
@@ -296,13 +296,13 @@ template <int N> __device__ __forceinline__ void async_wait() {
 #define LN_DYNAMIC_SHARED(T, name) extern __shared__ __align__(16) T name[]
 #else
 inline void copy_async_16(void* smem, const void* gmem) {
-    __builtin_memcpy(smem, gmem, 16);
+    cuda_host::copy_async(smem, gmem, 16);
 }
 inline void copy_async_4(void* smem, const void* gmem) {
-    __builtin_memcpy(smem, gmem, 4);
+    cuda_host::copy_async(smem, gmem, 4);
 }
-inline void async_commit() {}
-template <int N> inline void async_wait() {}
+inline void async_commit() { cuda_host::copy_commit(); }
+template <int N> inline void async_wait() { cuda_host::copy_wait(N); }
 #define LN_DYNAMIC_SHARED(T, name) \
     T* name = reinterpret_cast<T*>(cuda_host::dynamic_shared())
 #endif

@@ -18,8 +18,9 @@
 // the launch's size, that the kernel gets from cuda_host::dynamic_shared()
 // (the kernel files' macro LN_DYNAMIC_SHARED does that on the host). Like a
 // GPU's, it holds no zeros to rely on: every byte is 0xff (a float NaN) when
-// a block (a cluster) starts. Asynchronous copies (cp.async) are the kernel
-// files' own business: on the host they copy at once.
+// a block (a cluster) starts. Asynchronous copies (cp.async, through
+// copy_async, copy_commit and copy_wait) land as late as a GPU may land
+// them: when a wait lets their group go.
 //
 // Thread block clusters (__cluster_dims__(CL, 1, 1), one dimension): the CL
 // blocks of a cluster run at the same time, CL teams of threads, each block
@@ -236,6 +237,33 @@ template <class T> inline T* in_block(T* p, int rank) {
 
 inline Group& this_warp() { return this_block->warps[warp_id]; }
 
+// cp.async: a copy lands as late as the GPU may land it, when async_wait
+// lets its group go, not when it is issued; a kernel that reads a slot
+// before waiting for the copy into it reads the slot's old bytes here.
+struct PendingCopy {
+    void* to;
+    const void* from;
+    unsigned bytes;
+};
+inline thread_local std::vector<PendingCopy> open_copies;  // not committed
+inline thread_local std::vector<std::vector<PendingCopy>> copy_groups;
+
+inline void copy_async(void* to, const void* from, unsigned bytes) {
+    open_copies.push_back({to, from, bytes});
+}
+inline void copy_commit() {
+    copy_groups.push_back(std::move(open_copies));
+    open_copies.clear();
+}
+// Land every committed group but the newest `pending`, oldest first.
+inline void copy_wait(unsigned pending) {
+    while (copy_groups.size() > pending) {
+        for (const PendingCopy& c : copy_groups.front())
+            std::memcpy(c.to, c.from, c.bytes);
+        copy_groups.erase(copy_groups.begin());
+    }
+}
+
 }  // namespace cuda_host
 
 inline void __syncthreads() {
@@ -351,6 +379,8 @@ void launch(void (*kernel)(P...), const char* name, const unsigned* grid3,
                 blockIdx = {(unsigned)(id % grid.x), (unsigned)(id / grid.x % grid.y),
                             (unsigned)(id / (1ull * grid.x * grid.y))};
                 call(kernel, args, std::index_sequence_for<P...>{});
+                open_copies.clear();  // a block's copies end with it
+                copy_groups.clear();
                 b.all.exit();
                 this_warp().exit();
                 if (cluster > 1) barrier.exit();
