@@ -334,7 +334,8 @@ __device__ __forceinline__ int vector_elements(int v, int cols) {
     else return VEC;
 }
 
-// The same as a mask, bit c for element c of vector v.
+// The same as a mask, bit c for element c of vector v: how the forward's
+// two centred sums skip the elements past a tail.
 template <typename T, int VEC>
 __device__ __forceinline__ unsigned lanes_on(int v, int cols) {
     if constexpr (AnyAlign<T>::value) {
