@@ -108,13 +108,18 @@ GROUPED_SHAPES = ((70, 7), (37, 512), (150, 768), (200, 1027), (40, 4096),
 #: v5's rows past registers (the row in shared memory), one dtype each to keep
 #: the CPU's time down (512 threads a row): float32 with a second chunk almost
 #: empty and a strip of one row after a full one; float16 at the longest row
-#: v5 takes, every vector of a thread used.
-GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16))
+#: v5 takes, every vector of a thread used; float16 with a tail (9002: rows
+#: start on 16, 4, 8 and 12 bytes in turn).
+GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16), (5, 9002, F16))
 #: v5's rows past one block, held by a cluster of 2, 4 and 8 blocks, in both
 #: dtypes (every cluster kernel): at 20000 the third slice is partly filled
-#: and the fourth empty; 1024 to 4096 threads at once on the CPU.
+#: and the fourth empty; 1024 to 4096 threads at once on the CPU. Then rows
+#: with a tail in their last slice, a cluster of each size in each dtype:
+#: float32's rows of a tail past max_D() (9001) go to a cluster of two.
 CLUSTER_CASES = tuple((rows, D, dt) for rows, D in ((3, 16384), (2, 20000), (2, 65536))
-                      for dt in (F32, F16))
+                      for dt in (F32, F16)) + (
+    (3, 9001, F32), (2, 20001, F32), (2, 65533, F32),
+    (3, 12290, F16), (2, 16390, F16), (2, 65530, F16))
 
 
 def test_shapes_reach_every_kernel_variant():
@@ -365,6 +370,24 @@ def test_sanitizers_find_nothing(host, kind):
     rc, out = run(selftest(SANITIZED_SHAPES, flags, skip=SANITIZED_SKIP[kind]), flags)
     assert rc == 0 and out.count("selftest passed") == 2 * len(SANITIZED_SHAPES), (
         out[-4000:])
+    assert not [d for d in DIRTY if d in out], out[-4000:]
+
+
+#: v5's kernels of a tail past one block's registers under AddressSanitizer:
+#: a block's (float16) and a cluster of two's (float32), both passes.
+LONG_TAILS_SANITIZED = ((2, 9002, "float16"), (2, 12289, "float32"))
+
+
+@pytest.mark.slow
+def test_tails_of_long_rows_under_address_sanitizer(host):
+    flags = cpu.SANITIZE["asan"]
+    code = "from lnorm.gpu.host import selftest\n" + "\n".join(
+        f"selftest({((rows, D),)!r}, {(dtype,)!r}, {tuple(flags)!r}, None, ('v5',))"
+        for rows, D, dtype in LONG_TAILS_SANITIZED)
+    for rows, D, dtype in LONG_TAILS_SANITIZED:
+        assert not kernels.plan(rows, D, dtype, "v5").aligned
+    rc, out = run(code, flags)
+    assert rc == 0 and out.count("selftest passed") == 2, out[-4000:]
     assert not [d for d in DIRTY if d in out], out[-4000:]
 
 

@@ -33,7 +33,8 @@ GROUPED = re.compile(r"ln_bwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 FWD_GROUPED = re.compile(r"ln_fwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 LONG = re.compile(r"ln_(fwd|bwd)_long_(f32|f16)_v(\d)")
 GROUPED_LONG = re.compile(r"ln_(fwd|bwd)_grouped_long_(f32|f16)_v(\d)")
-CLUSTER = re.compile(r"ln_(fwd|bwd)_grouped_cluster([248])_(f32_v4|f16_v8)")
+CLUSTER = re.compile(
+    r"ln_(fwd|bwd)_grouped_cluster([248])_(f32_v4|f16_v8|f32_any|f16_any)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
 # The shapes the book checks (every kernel variant), and rows of one element.
@@ -379,9 +380,9 @@ def arch_kernels(arch: str) -> set:
 
 def test_every_kernel_compiles(compiled):
     arch, reports, _ = compiled
-    assert len(ALL_KERNELS) == 68
-    assert len([k for k in ALL_KERNELS if CLUSTER.fullmatch(k)]) == 12
-    assert len([k for k in ALL_KERNELS if k.endswith("_any")]) == 4
+    assert len(ALL_KERNELS) == 82
+    assert len([k for k in ALL_KERNELS if CLUSTER.fullmatch(k)]) == 24
+    assert len([k for k in ALL_KERNELS if k.endswith("_any")]) == 18
     assert set(reports) == arch_kernels(arch)
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
@@ -560,19 +561,27 @@ def test_grouped_forward_is_v4_with_strips_and_prefetch(compiled):
 
 
 def test_any_d_kernels_are_the_vector_kernels_with_narrower_moves(compiled):
-    """v5's kernels of rows of any D (a tail): the vector kernel's barriers,
-    shuffles, wait and 16-byte copies and stores, and beside them copies and
-    stores of 4 bytes (rows that start off 16 bytes, and the tail), never 8;
-    x and dy reach registers only through shared memory; no local memory."""
-    _, reports, _ = compiled
+    """v5's kernels of rows of any D (a tail), of a block, of one block past
+    registers (float16) and of clusters (sm_90): the vector kernel's barriers
+    (of the block and of the cluster), shuffles, wait and 16-byte copies and
+    stores, and beside them copies and stores of 4 bytes (rows that start off
+    16 bytes, and the tail), never 8; x and dy reach registers only through
+    shared memory; no local memory."""
+    arch, reports, _ = compiled
     tails = {n: r for n, r in reports.items() if n.endswith("_any")}
-    assert sorted(tails) == [f"ln_{d}_grouped_block_{s}_any"
-                             for d in ("bwd", "fwd") for s in ("f16", "f32")]
+    families = [("block", s) for s in ("f16", "f32")] + [("long", "f16")]
+    if int(arch[3:]) >= 90:
+        families += [(f"cluster{c}", s) for c in (2, 4, 8) for s in ("f16", "f32")]
+    assert sorted(tails) == sorted(f"ln_{d}_grouped_{m}_{s}_any"
+                                   for d in ("bwd", "fwd") for m, s in families)
     for name, r in tails.items():
         v = reports[name.replace("_any", "_v4" if "_f32_" in name else "_v8")]
         for op in ("bar.sync", "shfl.sync.bfly", "cp.async.wait_group",
                    "cp.async.cg.shared.global", "st.global.cs.v4"):
             assert r.count(op) == v.count(op) > 0, (name, op)
+        for op in ("barrier.cluster.arrive", "barrier.cluster.wait",
+                   "mapa.shared::cluster"):
+            assert r.count(op) == v.count(op), (name, op)
         assert r.count("cp.async.ca.shared.global") > 0, name
         assert r.count("st.global.cs.u32") > 0, name
         assert r.count("st.global.cs.v2") == r.count("ld.global.v2") == 0, name
@@ -928,14 +937,21 @@ def test_atomic_kernel_name():
         "ln_fwd_block_f16_v8")  # the forward is the same for every rung
     with pytest.raises(ValueError, match="max_D"):
         kernels.plan(4, 8200, "float32", "v3")
-    # v5 past max_D(): rows of 16-byte vectors up to max_D("v5") only, one
-    # block up to max_D_block(), then clusters of 2, 4, 8 blocks
+    # v5 past max_D(): rows that start on 4 bytes up to max_D("v5") only, one
+    # block up to max_D_block(), then clusters of 2, 4, 8 blocks; float32
+    # rows of a tail go to a cluster of two from max_D() on
     assert kernels.plan(4, 12288, "float32", "v5").kernel("backward") == (
         "ln_bwd_grouped_long_f32_v4")
     assert kernels.plan(4, 12296, "float16", "v5").kernel("forward") == (
         "ln_fwd_grouped_cluster2_f16_v8")
-    for D, dtype in ((12289, "float32"), (8196, "float16"), (65544, "float16"),
-                     (65540, "float32"), (16385, "float32")):
+    assert kernels.plan(4, 9002, "float16", "v5").kernel("forward") == (
+        "ln_fwd_grouped_long_f16_any")
+    assert kernels.plan(4, 8193, "float32", "v5").kernel("backward") == (
+        "ln_bwd_grouped_cluster2_f32_any")
+    assert kernels.plan(4, 16385, "float32", "v5").kernel("backward") == (
+        "ln_bwd_grouped_cluster4_f32_any")
+    for D, dtype in ((12289, "float16"), (8193, "float16"), (65544, "float16"),
+                     (65540, "float32"), (16385, "float16")):
         with pytest.raises(ValueError, match=r"max_D\('v5'\)"):
             kernels.plan(4, D, dtype, "v5")
     with pytest.raises(ValueError, match="rung must be one of"):
@@ -1322,7 +1338,8 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         (37, 1027, np.float32),
         (40, 8192, np.float16),
         (24, 12288, np.float16),  # a long-row kernel (v4), in shared memory (v5)
-        (24, 12289, np.float32),  # a long-row kernel of scalars: v4 only
+        (24, 12289, np.float16),  # a long-row kernel of scalars: v4 only
+        (24, 9002, np.float16),  # a tail past registers (v5: one block)
     ]:
         inp = check.make_inputs(rows, D, dtype, seed=1)
         p = kernels.plan(rows, D, dtype)
@@ -1626,7 +1643,11 @@ def test_model_registers_match_ptxas():
         pytest.skip("ptxas (nvidia-cuda-nvcc-cu12) is not installed")
     _, usage = ptx.inspect_kernels("sm_90")
     for short, regs in model.REGISTERS.items():
-        if short.endswith("_any"):  # v5's rows of any D
+        if short.endswith("_long_any"):  # v5's rows of any D: float16 only
+            name = f"ln_{short.removesuffix('_long_any')}_long_f16_any"
+        elif "_cluster" in short and short.endswith("_any"):
+            name = f"ln_{short.removesuffix('_any')}_f32_any"
+        elif short.endswith("_any"):
             name = f"ln_{short.removesuffix('_any')}_block_f32_any"
         else:
             kind = "" if short.endswith("_long") or "_cluster" in short else "_block"

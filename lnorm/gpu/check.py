@@ -46,8 +46,10 @@ SHAPES = (
 #: ``(rows, D)`` past :func:`lnorm.gpu.kernels.max_D_block`, where v5's rows
 #: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): every
 #: slice full (16384, 65536), and at 20000 a third slice partly filled and a
-#: fourth empty.
-CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 65536))
+#: fourth empty; then the same clusters with a tail in the last slice, in
+#: float32 and float16 (12290, 20002, 65530: rows that start on 4 bytes).
+CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 65536), (3, 12290), (2, 20002),
+                  (2, 65530))
 
 
 def _host(a) -> np.ndarray:

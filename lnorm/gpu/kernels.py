@@ -288,7 +288,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (35, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (42, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -522,11 +522,12 @@ class LaunchPlan:
         blocks. 1 for every other plan.
     aligned : bool, default True
         Every row starts on a vector (``D`` a multiple of ``vec``, or
-        ``vec == 1``). False for v5's kernels of rows of a block of any D
-        (``32 * LN_ELEMS_PER_THREAD < D <= max_D()``; float32, and float16
-        of even ``D``): the vector kernels' columns and order, the row's last
-        vector a tail of ``D % vec`` elements, each row's vectors moved in 16
-        or 4 bytes as its start allows (``ln_*_grouped_block_*_any``).
+        ``vec == 1``). False for v5's kernels of rows of any D past what a
+        warp holds (``32 * LN_ELEMS_PER_THREAD < D <= max_D("v5")``;
+        float32, and float16 of even ``D``): the vector kernels' columns and
+        order, the row's last vector a tail of ``D % vec`` elements, each
+        row's vectors moved in 16 or 4 bytes as its start allows
+        (``ln_*_grouped_{block|long|cluster<C>}_*_any``).
 
     See Also
     --------
@@ -933,12 +934,15 @@ def max_D(rung: str = "v4") -> int:
     ``max_D() = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: elements per
     thread times the largest block. Longer rows (up to :data:`MAX_ROW`) go to
     v4's long-row kernels, which read the row from memory again for every
-    pass. v5's kernels take rows of 16-byte vectors up to ``max_D("v5") =
-    LN_MAX_CLUSTER * max_D()``: up to ``LN_LONG_ELEMS_PER_THREAD *
-    LN_MAX_ROW_THREADS`` (:func:`lnorm.gpu.kernels.max_D_block`) one block
+    pass. v5's kernels take rows that start on 4 bytes (float32, float16 of
+    even D) up to ``max_D("v5") = LN_MAX_CLUSTER * max_D()``: up to
+    ``LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``
+    (:func:`lnorm.gpu.kernels.max_D_block`) one block
     holds the row, its backward keeping it in shared memory, where its
     prefetch put it, and reading it from there twice; past that a cluster
-    of 2, 4 or 8 blocks holds it, a slice of ``max_D()`` elements each.
+    of 2, 4 or 8 blocks holds it, a slice of ``max_D()`` elements each (and
+    a float32 row of a tail past ``max_D()``: see
+    :func:`lnorm.gpu.kernels.plan`).
 
     Parameters
     ----------
@@ -1031,8 +1035,8 @@ def cluster_blocks(kernel: str) -> int:
 def rungs_for(D: int, dtype) -> tuple[str, ...]:
     r"""Return the rungs whose kernels take rows of length ``D`` stored as ``dtype``.
 
-    v4 takes any ``D``; v3 rows up to ``max_D()``; v5 those, and rows of
-    16-byte vectors up to ``max_D("v5")``.
+    v4 takes any ``D``; v3 rows up to ``max_D()``; v5 those, and rows that
+    start on 4 bytes (float32, float16 of even ``D``) up to ``max_D("v5")``.
 
     Parameters
     ----------
@@ -1062,8 +1066,8 @@ def rungs_for(D: int, dtype) -> tuple[str, ...]:
     (('v3', 'v4', 'v5'), ('v4', 'v5'))
     >>> rungs_for(12292, "float32"), rungs_for(65540, "float32")
     (('v4', 'v5'), ('v4',))
-    >>> rungs_for(16383, "float32")  # not 16-byte vectors: no cluster kernel
-    ('v4',)
+    >>> rungs_for(16383, "float32"), rungs_for(16383, "float16")  # 2-byte rows
+    (('v4', 'v5'), ('v4',))
     """
     plan(0, D, dtype)  # raises for a D or dtype that no rung takes
     out = []
@@ -1139,10 +1143,12 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     :data:`lnorm.gpu.kernels.WAVE_THREADS` threads. v3 has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
-    rows of 16-byte vectors up to ``max_D("v5")``: past
+    rows that start on 4 bytes up to ``max_D("v5")``: past
     :func:`lnorm.gpu.kernels.max_D_block` a row group is a ``cluster`` of 2,
     4 or 8 blocks (``chunks`` rounded up to a power of two), block ``r``
-    holding the row's slice ``r`` of ``max_D()`` elements. Its row sums
+    holding the row's slice ``r`` of ``max_D()`` elements (float32 rows of
+    a tail already past ``max_D()``: one block's kernel of a tail would
+    spill there). Its row sums
     then add the slices' sums in order, each summed as a row of ``max_D()``
     is: an order of its own, not v4's.
 
@@ -1156,8 +1162,8 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         Storage type: float32 or float16.
     rung : {"v4", "v3", "v5"}, default "v4"
         The kernels (:data:`lnorm.gpu.kernels.RUNGS`); v3 only for rows held
-        in registers (``D <= max_D()``), v5 also for rows of 16-byte vectors
-        up to ``max_D("v5")``.
+        in registers (``D <= max_D()``), v5 also for rows that start on 4
+        bytes (float32, float16 of even ``D``) up to ``max_D("v5")``.
 
     Returns
     -------
@@ -1169,7 +1175,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     ValueError
         ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D > MAX_ROW``; a rung
         not in ``RUNGS``; v3 for ``D > max_D()``; v5 for ``D > max_D("v5")``,
-        or for ``D > max_D()`` not a multiple of the 16-byte vector.
+        or for ``D > max_D()`` in float16 of odd ``D``.
     TypeError
         ``dtype`` not float32 or float16.
 
@@ -1219,11 +1225,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         )
     c = constants()
     E = c["LN_ELEMS_PER_THREAD"]
-    # v5 takes rows of a block (past what a warp holds) of any D with 16-byte
-    # vectors and a tail, where every row starts on 4 bytes (so not float16
-    # of odd D)
+    # v5 takes rows past what a warp holds of any D with 16-byte vectors and
+    # a tail, where every row starts on 4 bytes (so not float16 of odd D)
     aligned = D % _MAX_VEC[dtype] == 0
-    tail = (rung == "v5" and not aligned and 32 * E < D <= max_D()
+    tail = (rung == "v5" and not aligned and 32 * E < D <= max_D("v5")
             and D * dtype.itemsize % 4 == 0)
     vec = _MAX_VEC[dtype] if aligned or tail else 1
     nvec = -(-D // vec)  # the tail counts as one
@@ -1254,13 +1259,16 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     if rung == "v5" and chunks > 1 and (vec == 1 or D > max_D("v5")):
         raise ValueError(
             f"rung 'v5' has kernels for rows of at most max_D() = {max_D()}, and "
-            f"for rows of 16-byte vectors (D a multiple of {_MAX_VEC[dtype]}) of at "
-            f"most max_D('v5') = {max_D('v5')}; got D = {D}. Use rung='v4', whose "
-            "long-row kernels take any D."
+            f"for rows that start on 4 bytes (float32, float16 of even D) of at "
+            f"most max_D('v5') = {max_D('v5')}; got D = {D} in {dtype}. Use "
+            "rung='v4', whose long-row kernels take any D."
         )
     # v5 past one block: a cluster of blocks, a power of two, one slice each
     cluster = 1
-    if rung == "v5" and D > max_D_block():
+    if rung == "v5" and (D > max_D_block() or (
+            tail and chunks > 1 and dtype == np.float32)):
+        # (a float32 row of a tail past max_D(): one block's kernel would
+        # spill, so a cluster of two takes it)
         cluster = 1 << (chunks - 1).bit_length()
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
     backward_block = forward_rows_per_group = 0

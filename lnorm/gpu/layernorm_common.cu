@@ -54,11 +54,16 @@
     K(long_f32_v1, float, 1, LN_BLOCK_THREADS)         \
     K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)     \
     K(long_f16_v1, half_bits, 1, LN_BLOCK_THREADS)
-// v5's kernels for these rows: 16-byte vectors only (rows of scalars this
-// long would not fit a thread's registers without spilling).
+// v5's kernels for these rows: 16-byte vectors, and in float16 of even D
+// not a multiple of them, a tail (*_any, as below). No scalars: rows of
+// scalars this long would not fit a thread's registers without spilling,
+// and nor do float32's six vectors a thread with a tail (ptxas 12.9 for
+// sm_90 spilled 36 and 100 stores, 2026-11-27); those rows go to a cluster
+// of two blocks (lnorm.gpu.kernels.plan).
 #define LN_LONG_VECTOR_VARIANTS(K)                     \
     K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
-    K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)
+    K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)     \
+    K(long_f16_any, half_any, 8, LN_BLOCK_THREADS)
 // v5's variants of rows held in registers, K(...) as LN_VARIANTS: 16-byte
 // vectors where D is a multiple of them; else, for rows of a block (D >
 // 32 * LN_ELEMS_PER_THREAD) that start on 4 bytes (float32 any D, float16
@@ -79,15 +84,23 @@
     K(block_f16_v1, half_bits, 1, true, LN_BLOCK_THREADS)
 // v5's kernels for rows longer than LN_LONG_ELEMS_PER_THREAD *
 // LN_MAX_ROW_THREADS: a cluster of 2, 4 or 8 blocks a row group, 16-byte
-// vectors only. K(suffix, storage type, vector, largest block, blocks a
-// cluster).
+// vectors, with a tail in the last slice where D is not a multiple of them
+// (*_any; a slice is a whole number of vectors, so only the last slice's
+// last vector is short). K(suffix, storage type, vector, largest block,
+// blocks a cluster).
 #define LN_CLUSTER_VARIANTS(K)                              \
     K(cluster2_f32_v4, float, 4, LN_BLOCK_THREADS, 2)       \
     K(cluster4_f32_v4, float, 4, LN_BLOCK_THREADS, 4)       \
     K(cluster8_f32_v4, float, 4, LN_BLOCK_THREADS, 8)       \
+    K(cluster2_f32_any, float_any, 4, LN_BLOCK_THREADS, 2)  \
+    K(cluster4_f32_any, float_any, 4, LN_BLOCK_THREADS, 4)  \
+    K(cluster8_f32_any, float_any, 4, LN_BLOCK_THREADS, 8)  \
     K(cluster2_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 2)   \
     K(cluster4_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 4)   \
-    K(cluster8_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 8)
+    K(cluster8_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 8)   \
+    K(cluster2_f16_any, half_any, 8, LN_BLOCK_THREADS, 2)   \
+    K(cluster4_f16_any, half_any, 8, LN_BLOCK_THREADS, 4)   \
+    K(cluster8_f16_any, half_any, 8, LN_BLOCK_THREADS, 8)
 
 // float16 is stored as its 16 raw bits and converted with one PTX instruction
 // each way, so no cuda_fp16.h is needed. Arithmetic is always float32. On the

@@ -160,15 +160,20 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: forward of v5; ``"fwd_grouped_long"``, ``"bwd_grouped_long"``: v5's for
 #: rows longer than ``max_D()``; ``"fwd_grouped_cluster<C>"``,
 #: ``"bwd_grouped_cluster<C>"``: v5's clusters of ``C`` blocks;
-#: ``"fwd_grouped_any"``, ``"bwd_grouped_any"``: v5's for rows of a block of
-#: any D (a tail, ``LaunchPlan.aligned`` False).
+#: A name ending in ``"_any"``: v5's kernel of the same family for rows of
+#: any D (a tail, ``LaunchPlan.aligned`` False), float32's but for
+#: ``"_long_any"``, which only float16 has.
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
              "bwd_atomic": 109, "bwd_grouped": 122, "fwd_grouped": 59,
              "fwd_grouped_long": 79, "bwd_grouped_long": 120,
              "fwd_grouped_cluster2": 62, "fwd_grouped_cluster4": 61,
              "fwd_grouped_cluster8": 61, "bwd_grouped_cluster2": 117,
              "bwd_grouped_cluster4": 118, "bwd_grouped_cluster8": 120,
-             "fwd_grouped_any": 64, "bwd_grouped_any": 128}
+             "fwd_grouped_any": 64, "bwd_grouped_any": 128,
+             "fwd_grouped_long_any": 86, "bwd_grouped_long_any": 128,
+             "fwd_grouped_cluster2_any": 64, "fwd_grouped_cluster4_any": 64,
+             "fwd_grouped_cluster8_any": 64, "bwd_grouped_cluster2_any": 128,
+             "bwd_grouped_cluster4_any": 128, "bwd_grouped_cluster8_any": 128}
 
 #: The same for the variants of scalars (``D`` not a multiple of the vector),
 #: which use more: the most of float32 and float16, per kernel family and
@@ -428,12 +433,10 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
         regs = registers
     elif p.vec == 1:
         regs = SCALAR_REGISTERS[f"{short}_{mapping}"]
-    elif p.cluster > 1:
-        regs = REGISTERS[f"{short}_cluster{p.cluster}"]
-    elif not p.aligned:
-        regs = REGISTERS[f"{short}_any"]
     else:
-        regs = REGISTERS[short + ("_long" if p.chunks > 1 else "")]
+        family = (f"_cluster{p.cluster}" if p.cluster > 1
+                  else "_long" if p.chunks > 1 else "")
+        regs = REGISTERS[short + family + ("" if p.aligned else "_any")]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
     if rows_per_group is not None:
