@@ -25,15 +25,18 @@ SETS = {
                  ((64, 16384), (17, 24576), (9, 40000), (33, 65536)),
                  ((8192, 16384), (4096, 32768), (2048, 65536), (8192, 12288))),
     # rows that start on 16, 12, 8 and 4 bytes; a tail of every length; float16
-    # of odd D (v5's scalars) beside; past one block's registers, a tail in
-    # one block (float16 9002) and in clusters of 2, 4 and 8 (12290, 20002,
-    # 65530; float32 9002 goes to a cluster of two)
-    "tails": (((5, 7), (3, 1030), (2, 4100), (2, 9002), (2, 20002)),
+    # of odd D (rows on 2 bytes every other row) beside; past one block's
+    # registers, a tail in one block (float16 9002) and in clusters of 2, 4
+    # and 8 (12290, 20002, 65530, and of odd D 9001, 20001, 65531; float32
+    # 9001 and 9002 go to a cluster of two)
+    "tails": (((5, 7), (3, 1030), (2, 4100), (3, 1031), (2, 9002), (3, 9001),
+               (2, 20002)),
               ((64, 1), (33, 2), (70, 7), (40, 1030), (17, 4099), (9, 4100),
-               (5, 8190), (9, 9002), (5, 12290), (3, 20002), (2, 65530)),
+               (5, 8190), (9, 9002), (5, 12290), (3, 20002), (2, 65530),
+               (9, 9001), (3, 20001), (2, 65531)),
               ((8192, 1024), (8192, 1030), (8192, 4096), (8192, 4100),
                (8192, 4095), (8192, 8190), (8192, 9002), (8192, 12290),
-               (4096, 32770))),
+               (8192, 9001), (4096, 32770))),
 }
 args = [a for a in sys.argv[1:] if a != "--tails"]
 SMALL, CHECKED, TIMED = SETS["tails" if "--tails" in sys.argv else "clusters"]

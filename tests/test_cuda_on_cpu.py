@@ -100,11 +100,12 @@ ATOMIC_SHAPES = ((70, 7), (37, 512), (35, 1027), (33, 2048))
 #: v5, row groups sharing a block: warps (4 a block), blocks of 8, 5 (96
 #: threads a row, 480 a block), 2 and 1 group; a last block with empty groups,
 #: short last strips, strips of 32 and 64 rows (float16 at 4096 and 8192).
-#: Rows of a block of any D, a tail in the last vector: 1027 (float32;
-#: float16 there is scalars) and 1030 (both dtypes), whose rows start on 16,
-#: 12, 8 and 4 bytes in turn.
+#: Rows of a block of any D, a tail in the last vector: 1027 (float32; in
+#: float16 rows on 2 bytes every other row) and 1030 (both dtypes), whose
+#: rows start on 16, 12, 8 and 4 bytes in turn; 513, the shortest row of a
+#: block, its tail of one element.
 GROUPED_SHAPES = ((70, 7), (37, 512), (150, 768), (200, 1027), (40, 4096),
-                  (20, 8192), (3, 1024), (60, 1030))
+                  (20, 8192), (3, 1024), (60, 1030), (9, 513))
 #: v5's rows past registers (the row in shared memory), one dtype each to keep
 #: the CPU's time down (512 threads a row): float32 with a second chunk almost
 #: empty and a strip of one row after a full one; float16 at the longest row
@@ -115,11 +116,13 @@ GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16), (5, 9002, F16))
 #: dtypes (every cluster kernel): at 20000 the third slice is partly filled
 #: and the fourth empty; 1024 to 4096 threads at once on the CPU. Then rows
 #: with a tail in their last slice, a cluster of each size in each dtype:
-#: float32's rows of a tail past max_D() (9001) go to a cluster of two.
+#: float32's rows of a tail past max_D() (9001) go to a cluster of two, as
+#: float16's of odd D (9001, 20001, 65531: rows on 2 bytes every other row).
 CLUSTER_CASES = tuple((rows, D, dt) for rows, D in ((3, 16384), (2, 20000), (2, 65536))
                       for dt in (F32, F16)) + (
     (3, 9001, F32), (2, 20001, F32), (2, 65533, F32),
-    (3, 12290, F16), (2, 16390, F16), (2, 65530, F16))
+    (3, 12290, F16), (2, 16390, F16), (2, 65530, F16),
+    (3, 9001, F16), (3, 20001, F16), (2, 65531, F16))
 
 
 def test_shapes_reach_every_kernel_variant():
@@ -373,21 +376,25 @@ def test_sanitizers_find_nothing(host, kind):
     assert not [d for d in DIRTY if d in out], out[-4000:]
 
 
-#: v5's kernels of a tail past one block's registers under AddressSanitizer:
-#: a block's (float16) and a cluster of two's (float32), both passes.
-LONG_TAILS_SANITIZED = ((2, 9002, "float16"), (2, 12289, "float32"))
+#: v5's kernels of a tail under AddressSanitizer, both passes: past one
+#: block's registers, a block's (float16) and a cluster of two's (float32);
+#: float16 rows of odd D, the last of them on 4 bytes (its last half copied
+#: as 2 bytes of 4), of a block and of a cluster of two.
+TAILS_SANITIZED = ((2, 9002, "float16"), (2, 12289, "float32"),
+                   (3, 1031, "float16"), (3, 9001, "float16"))
 
 
 @pytest.mark.slow
-def test_tails_of_long_rows_under_address_sanitizer(host):
+def test_tails_under_address_sanitizer(host):
     flags = cpu.SANITIZE["asan"]
     code = "from lnorm.gpu.host import selftest\n" + "\n".join(
         f"selftest({((rows, D),)!r}, {(dtype,)!r}, {tuple(flags)!r}, None, ('v5',))"
-        for rows, D, dtype in LONG_TAILS_SANITIZED)
-    for rows, D, dtype in LONG_TAILS_SANITIZED:
+        for rows, D, dtype in TAILS_SANITIZED)
+    for rows, D, dtype in TAILS_SANITIZED:
         assert not kernels.plan(rows, D, dtype, "v5").aligned
     rc, out = run(code, flags)
-    assert rc == 0 and out.count("selftest passed") == 2, out[-4000:]
+    assert rc == 0 and out.count("selftest passed") == len(TAILS_SANITIZED), (
+        out[-4000:])
     assert not [d for d in DIRTY if d in out], out[-4000:]
 
 

@@ -34,7 +34,7 @@ FWD_GROUPED = re.compile(r"ln_fwd_grouped_(warp|block)_(f32|f16)_v(\d)")
 LONG = re.compile(r"ln_(fwd|bwd)_long_(f32|f16)_v(\d)")
 GROUPED_LONG = re.compile(r"ln_(fwd|bwd)_grouped_long_(f32|f16)_v(\d)")
 CLUSTER = re.compile(
-    r"ln_(fwd|bwd)_grouped_cluster([248])_(f32_v4|f16_v8|f32_any|f16_any)")
+    r"ln_(fwd|bwd)_grouped_cluster([248])_(f32_v4|f16_v8|f32_any|f16_any|f16_odd)")
 ITEMSIZE = {"f32": 4, "f16": 2}
 
 # The shapes the book checks (every kernel variant), and rows of one element.
@@ -380,9 +380,10 @@ def arch_kernels(arch: str) -> set:
 
 def test_every_kernel_compiles(compiled):
     arch, reports, _ = compiled
-    assert len(ALL_KERNELS) == 82
-    assert len([k for k in ALL_KERNELS if CLUSTER.fullmatch(k)]) == 24
+    assert len(ALL_KERNELS) == 88
+    assert len([k for k in ALL_KERNELS if CLUSTER.fullmatch(k)]) == 30
     assert len([k for k in ALL_KERNELS if k.endswith("_any")]) == 18
+    assert len([k for k in ALL_KERNELS if k.endswith("_odd")]) == 8
     assert set(reports) == arch_kernels(arch)
     for name, r in reports.items():
         assert r.max_threads is not None, f"{name} has no __launch_bounds__"
@@ -484,7 +485,7 @@ def test_grouped_backward_is_v4_with_block_partials(compiled):
     instructions and bytes as v4's loads; one wait per row."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if GROUPED.fullmatch(n)}
-    assert len(grouped) == 7  # float32 rows of a block: no scalars, a tail
+    assert len(grouped) == 6  # rows of a block: no scalars, a tail
     rows = {"x", "dy"}
     for name, r in grouped.items():
         mapping, _, vec = GROUPED.fullmatch(name).groups()
@@ -537,7 +538,7 @@ def test_grouped_forward_is_v4_with_strips_and_prefetch(compiled):
     stored with the streaming hint."""
     _, reports, _ = compiled
     grouped = {n: r for n, r in reports.items() if FWD_GROUPED.fullmatch(n)}
-    assert len(grouped) == 7
+    assert len(grouped) == 6
     ahead = C["LN_FWD_ROWS_IN_FLIGHT"] - 1
     for name, r in grouped.items():
         mapping, _, vec = FWD_GROUPED.fullmatch(name).groups()
@@ -584,6 +585,39 @@ def test_any_d_kernels_are_the_vector_kernels_with_narrower_moves(compiled):
             assert r.count(op) == v.count(op), (name, op)
         assert r.count("cp.async.ca.shared.global") > 0, name
         assert r.count("st.global.cs.u32") > 0, name
+        assert r.count("st.global.cs.v2") == r.count("ld.global.v2") == 0, name
+        assert r.local_bytes == 0 and r.count("atom") == 0, name
+        loaded = r.per_argument("ld", in_loop=True)
+        assert "x" not in loaded and "dy" not in loaded, name
+
+
+def test_odd_d_kernels_move_rows_that_start_on_2_bytes(compiled):
+    """v5's kernels of float16 rows of odd D (a block's; clusters on sm_90):
+    the vector kernel's barriers, shuffles, wait and 16-byte stores; a copy
+    of 16 bytes from either start (the vector's, or one half before it:
+    twice the vector kernel's), copies of 4 bytes, one copy of 2 bytes of 4
+    (the last half of a row on 4 bytes) per prefetch, and stores of 2 and 4
+    bytes; x and dy reach registers only through shared memory; no local
+    memory."""
+    arch, reports, _ = compiled
+    odd = {n: r for n, r in reports.items() if n.endswith("_odd")}
+    families = ["block"] + (
+        [f"cluster{c}" for c in (2, 4, 8)] if int(arch[3:]) >= 90 else [])
+    assert sorted(odd) == sorted(f"ln_{d}_grouped_{m}_f16_odd"
+                                 for d in ("bwd", "fwd") for m in families)
+    for name, r in odd.items():
+        v = reports[name.replace("_odd", "_v8")]
+        for op in ("bar.sync", "shfl.sync.bfly", "cp.async.wait_group",
+                   "st.global.cs.v4", "barrier.cluster.arrive",
+                   "mapa.shared::cluster"):
+            assert r.count(op) == v.count(op), (name, op)
+        sites = v.count("cp.async.cg.shared.global")
+        assert sites > 0 and r.count("cp.async.cg.shared.global") == 2 * sites
+        part = [line for line in r.lines
+                if re.search(r"cp\.async\.ca\.shared\.global.*, 4, 2;", line)]
+        assert len(part) == sites, name
+        assert r.count("cp.async.ca.shared.global") > len(part), name
+        assert r.count("st.global.cs.u16") > 0 and r.count("st.global.cs.u32") > 0
         assert r.count("st.global.cs.v2") == r.count("ld.global.v2") == 0, name
         assert r.local_bytes == 0 and r.count("atom") == 0, name
         loaded = r.per_argument("ld", in_loop=True)
@@ -950,8 +984,13 @@ def test_atomic_kernel_name():
         "ln_bwd_grouped_cluster2_f32_any")
     assert kernels.plan(4, 16385, "float32", "v5").kernel("backward") == (
         "ln_bwd_grouped_cluster4_f32_any")
-    for D, dtype in ((12289, "float16"), (8193, "float16"), (65544, "float16"),
-                     (65540, "float32"), (16385, "float16")):
+    # float16 rows of odd D too: kernels of their own (*_odd), in clusters
+    # past max_D()
+    assert kernels.plan(4, 4097, "float16", "v5").kernel("backward") == (
+        "ln_bwd_grouped_block_f16_odd")
+    assert kernels.plan(4, 8193, "float16", "v5").kernel("forward") == (
+        "ln_fwd_grouped_cluster2_f16_odd")
+    for D, dtype in ((65537, "float16"), (65544, "float16"), (65540, "float32")):
         with pytest.raises(ValueError, match=r"max_D\('v5'\)"):
             kernels.plan(4, D, dtype, "v5")
     with pytest.raises(ValueError, match="rung must be one of"):
@@ -1338,7 +1377,7 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         (37, 1027, np.float32),
         (40, 8192, np.float16),
         (24, 12288, np.float16),  # a long-row kernel (v4), in shared memory (v5)
-        (24, 12289, np.float16),  # a long-row kernel of scalars: v4 only
+        (24, 65537, np.float16),  # a long-row kernel of scalars: v4 only
         (24, 9002, np.float16),  # a tail past registers (v5: one block)
     ]:
         inp = check.make_inputs(rows, D, dtype, seed=1)
@@ -1645,6 +1684,10 @@ def test_model_registers_match_ptxas():
     for short, regs in model.REGISTERS.items():
         if short.endswith("_long_any"):  # v5's rows of any D: float16 only
             name = f"ln_{short.removesuffix('_long_any')}_long_f16_any"
+        elif "_cluster" in short and short.endswith("_odd"):  # float16's
+            name = f"ln_{short.removesuffix('_odd')}_f16_odd"
+        elif short.endswith("_odd"):
+            name = f"ln_{short.removesuffix('_odd')}_block_f16_odd"
         elif "_cluster" in short and short.endswith("_any"):
             name = f"ln_{short.removesuffix('_any')}_f32_any"
         elif short.endswith("_any"):
@@ -1706,14 +1749,16 @@ def test_model_prefetch_makes_a_step_bandwidth_bound():
     three = model.predict("backward", 8192, 4096, "float32", rung="v5",
                           rows_in_flight=3)
     assert three.time == pytest.approx(two.time)
-    # The kernels of scalars (float16 rows of odd D) do not prefetch; those of
-    # rows of any D, with a tail, do, as the vector kernels.
-    assert model.predict("backward", 8192, 4095, "float16", rung="v5").time == (
-        model.predict("backward", 8192, 4095, "float16", rung="v5",
+    # The kernels of scalars (rows a warp holds, D not a multiple of the
+    # vector) do not prefetch; those of rows of any D, with a tail (float16
+    # of odd D too), do, as the vector kernels.
+    assert model.predict("backward", 8192, 511, "float16", rung="v5").time == (
+        model.predict("backward", 8192, 511, "float16", rung="v5",
                       rows_in_flight=1).time)
-    assert model.predict("backward", 8192, 4095, "float32", rung="v5").time < (
-        model.predict("backward", 8192, 4095, "float32", rung="v5",
-                      rows_in_flight=1).time)
+    for dtype in ("float32", "float16"):
+        assert model.predict("backward", 8192, 4095, dtype, rung="v5").time < (
+            model.predict("backward", 8192, 4095, dtype, rung="v5",
+                          rows_in_flight=1).time)
 
 
 @pytest.mark.parametrize("direction", ["forward", "backward"])

@@ -21,8 +21,10 @@ The kernels are the ``*.cu`` files next to this module:
   (``ln_bwd_grouped_long_*``: rows up to ``max_D_block()`` that registers
   do not hold with ``x`` and ``dy``, read from that copy twice;
   ``ln_bwd_grouped_cluster*``: longer rows, up to ``max_D("v5")``, shared by
-  a cluster of 2, 4 or 8 blocks, sm_90 and later; the forward files hold
-  v5's forward kernels likewise);
+  a cluster of 2, 4 or 8 blocks, sm_90 and later; ``*_any`` and
+  ``*_odd``: rows past a warp's of a D not a multiple of the vector, which
+  keep the vectors with a tail; the forward files hold v5's forward kernels
+  likewise);
 * ``layernorm_long.cu``: both passes for rows longer than a block holds in
   registers (``D > max_D()``), taken in chunks and read again for every pass
   over the row, with the same order of every sum (the emulation covers them

@@ -47,9 +47,10 @@ SHAPES = (
 #: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): every
 #: slice full (16384, 65536), and at 20000 a third slice partly filled and a
 #: fourth empty; then the same clusters with a tail in the last slice, in
-#: float32 and float16 (12290, 20002, 65530: rows that start on 4 bytes).
+#: float32 and float16: rows that start on 4 bytes (12290, 20002, 65530) and
+#: float16 rows that start on 2 bytes every other row (12291, 20001, 65531).
 CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 65536), (3, 12290), (2, 20002),
-                  (2, 65530))
+                  (2, 65530), (3, 12291), (2, 20001), (2, 65531))
 
 
 def _host(a) -> np.ndarray:

@@ -288,7 +288,7 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     --------
     >>> params = kernel_params("layernorm_backward.cu")
     >>> len(params), params["ln_bwd_reduce_params"]
-    (42, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
+    (45, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
     >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
     ('x', 'gamma', 'beta', 'y')
     """
@@ -523,11 +523,12 @@ class LaunchPlan:
     aligned : bool, default True
         Every row starts on a vector (``D`` a multiple of ``vec``, or
         ``vec == 1``). False for v5's kernels of rows of any D past what a
-        warp holds (``32 * LN_ELEMS_PER_THREAD < D <= max_D("v5")``;
-        float32, and float16 of even ``D``): the vector kernels' columns and
-        order, the row's last vector a tail of ``D % vec`` elements, each
-        row's vectors moved in 16 or 4 bytes as its start allows
-        (``ln_*_grouped_{block|long|cluster<C>}_*_any``).
+        warp holds (``32 * LN_ELEMS_PER_THREAD < D <= max_D("v5")``): the
+        vector kernels' columns and order, the row's last vector a tail of
+        ``D % vec`` elements, each row's vectors moved in 16 or 4 bytes as
+        its start allows (``ln_*_grouped_{block|long|cluster<C>}_*_any``),
+        or for float16 rows of odd ``D`` in 16, 4 and 2
+        (``ln_*_grouped_{block|cluster<C>}_f16_odd``, :attr:`starts_on_2`).
 
     See Also
     --------
@@ -596,6 +597,30 @@ class LaunchPlan:
         """
         return {"v3": 0, "v4": self.row_groups,
                 "v5": self.backward_grid // self.cluster}[self.rung]
+
+    @property
+    def starts_on_2(self) -> bool:
+        r"""Whether rows start on 2 bytes every other row: v5's float16 rows of odd D.
+
+        Row ``r`` starts ``r * D`` elements past the (aligned) base. v5's
+        kernels of such rows (``ln_*_grouped_*_f16_odd``) copy the words
+        around a vector that starts on 2 bytes, into two prefetch slots, and
+        take twice the shared memory of the others.
+
+        Returns
+        -------
+        bool
+            True for a plan of v5's vectors (``vec > 1``) in float16 of odd
+            ``D``.
+
+        Examples
+        --------
+        >>> plan(64, 4097, "float16", "v5").starts_on_2
+        True
+        >>> plan(64, 4097, "float16").starts_on_2  # v4: scalars
+        False
+        """
+        return self.vec > 1 and self.D * self.dtype.itemsize % 4 != 0
 
     @property
     def partials_bytes(self) -> int:
@@ -736,6 +761,8 @@ class LaunchPlan:
         per_thread = "LN_LONG_ELEMS_PER_THREAD" if (
             self.chunks > 1 and self.cluster == 1) else "LN_ELEMS_PER_THREAD"
         vectors = c[per_thread] // self.vec  # of 16 bytes
+        if self.starts_on_2:  # two slots a vector (half_odd)
+            vectors *= 2
         scratch = c["LN_CLUSTER_SCRATCH_BYTES"] if self.cluster > 1 else 0
         return (k * tensors * 16 * vectors * (self.backward_block or self.block)
                 + scratch)
@@ -924,7 +951,8 @@ class LaunchPlan:
             self.rung]
         mapping = (f"cluster{self.cluster}" if self.cluster > 1 else "long"
                    if self.chunks > 1 else "block" if self.per_block else "warp")
-        loads = f"v{self.vec}" if self.aligned else "any"
+        loads = (f"v{self.vec}" if self.aligned
+                 else "odd" if self.starts_on_2 else "any")
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_{loads}"
 
 
@@ -934,14 +962,14 @@ def max_D(rung: str = "v4") -> int:
     ``max_D() = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``: elements per
     thread times the largest block. Longer rows (up to :data:`MAX_ROW`) go to
     v4's long-row kernels, which read the row from memory again for every
-    pass. v5's kernels take rows that start on 4 bytes (float32, float16 of
-    even D) up to ``max_D("v5") = LN_MAX_CLUSTER * max_D()``: up to
+    pass. v5's kernels take rows of any length up to ``max_D("v5") =
+    LN_MAX_CLUSTER * max_D()``: up to
     ``LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS``
     (:func:`lnorm.gpu.kernels.max_D_block`) one block
     holds the row, its backward keeping it in shared memory, where its
     prefetch put it, and reading it from there twice; past that a cluster
     of 2, 4 or 8 blocks holds it, a slice of ``max_D()`` elements each (and
-    a float32 row of a tail past ``max_D()``: see
+    a row of a tail past ``max_D()``: see
     :func:`lnorm.gpu.kernels.plan`).
 
     Parameters
@@ -1035,8 +1063,8 @@ def cluster_blocks(kernel: str) -> int:
 def rungs_for(D: int, dtype) -> tuple[str, ...]:
     r"""Return the rungs whose kernels take rows of length ``D`` stored as ``dtype``.
 
-    v4 takes any ``D``; v3 rows up to ``max_D()``; v5 those, and rows that
-    start on 4 bytes (float32, float16 of even ``D``) up to ``max_D("v5")``.
+    v4 takes any ``D``; v3 rows up to ``max_D()``; v5 any row up to
+    ``max_D("v5")``.
 
     Parameters
     ----------
@@ -1066,8 +1094,8 @@ def rungs_for(D: int, dtype) -> tuple[str, ...]:
     (('v3', 'v4', 'v5'), ('v4', 'v5'))
     >>> rungs_for(12292, "float32"), rungs_for(65540, "float32")
     (('v4', 'v5'), ('v4',))
-    >>> rungs_for(16383, "float32"), rungs_for(16383, "float16")  # 2-byte rows
-    (('v4', 'v5'), ('v4',))
+    >>> rungs_for(16383, "float32"), rungs_for(16383, "float16")  # tails
+    (('v4', 'v5'), ('v4', 'v5'))
     """
     plan(0, D, dtype)  # raises for a D or dtype that no rung takes
     out = []
@@ -1143,12 +1171,12 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     :data:`lnorm.gpu.kernels.WAVE_THREADS` threads. v3 has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
-    rows that start on 4 bytes up to ``max_D("v5")``: past
+    rows of any length up to ``max_D("v5")``: past
     :func:`lnorm.gpu.kernels.max_D_block` a row group is a ``cluster`` of 2,
     4 or 8 blocks (``chunks`` rounded up to a power of two), block ``r``
-    holding the row's slice ``r`` of ``max_D()`` elements (float32 rows of
-    a tail already past ``max_D()``: one block's kernel of a tail would
-    spill there). Its row sums
+    holding the row's slice ``r`` of ``max_D()`` elements (rows of a tail
+    already past ``max_D()``, but for float16 of even ``D``: one block's
+    kernel of a tail would spill there). Its row sums
     then add the slices' sums in order, each summed as a row of ``max_D()``
     is: an order of its own, not v4's.
 
@@ -1162,8 +1190,8 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         Storage type: float32 or float16.
     rung : {"v4", "v3", "v5"}, default "v4"
         The kernels (:data:`lnorm.gpu.kernels.RUNGS`); v3 only for rows held
-        in registers (``D <= max_D()``), v5 also for rows that start on 4
-        bytes (float32, float16 of even ``D``) up to ``max_D("v5")``.
+        in registers (``D <= max_D()``), v5 for rows up to
+        ``max_D("v5")``.
 
     Returns
     -------
@@ -1174,8 +1202,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     ------
     ValueError
         ``rows < 0``, ``rows >= 2**31``, ``D < 1``, or ``D > MAX_ROW``; a rung
-        not in ``RUNGS``; v3 for ``D > max_D()``; v5 for ``D > max_D("v5")``,
-        or for ``D > max_D()`` in float16 of odd ``D``.
+        not in ``RUNGS``; v3 for ``D > max_D()``; v5 for ``D > max_D("v5")``.
     TypeError
         ``dtype`` not float32 or float16.
 
@@ -1226,10 +1253,9 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     c = constants()
     E = c["LN_ELEMS_PER_THREAD"]
     # v5 takes rows past what a warp holds of any D with 16-byte vectors and
-    # a tail, where every row starts on 4 bytes (so not float16 of odd D)
+    # a tail (float16 rows of odd D start on 2 bytes every other row)
     aligned = D % _MAX_VEC[dtype] == 0
-    tail = (rung == "v5" and not aligned and 32 * E < D <= max_D("v5")
-            and D * dtype.itemsize % 4 == 0)
+    tail = rung == "v5" and not aligned and 32 * E < D <= max_D("v5")
     vec = _MAX_VEC[dtype] if aligned or tail else 1
     nvec = -(-D // vec)  # the tail counts as one
     per_block = D > 32 * E
@@ -1256,19 +1282,18 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
             f"rung {rung!r} has kernels for rows of at most max_D() = {max_D()}; "
             f"got D = {D}. Use rung='v4', whose long-row kernels take any D."
         )
-    if rung == "v5" and chunks > 1 and (vec == 1 or D > max_D("v5")):
+    if rung == "v5" and D > max_D("v5"):
         raise ValueError(
-            f"rung 'v5' has kernels for rows of at most max_D() = {max_D()}, and "
-            f"for rows that start on 4 bytes (float32, float16 of even D) of at "
-            f"most max_D('v5') = {max_D('v5')}; got D = {D} in {dtype}. Use "
-            "rung='v4', whose long-row kernels take any D."
+            f"rung 'v5' has kernels for rows of at most max_D('v5') = "
+            f"{max_D('v5')}; got D = {D}. Use rung='v4', whose long-row kernels "
+            "take any D."
         )
     # v5 past one block: a cluster of blocks, a power of two, one slice each
     cluster = 1
     if rung == "v5" and (D > max_D_block() or (
-            tail and chunks > 1 and dtype == np.float32)):
-        # (a float32 row of a tail past max_D(): one block's kernel would
-        # spill, so a cluster of two takes it)
+            tail and chunks > 1 and (dtype == np.float32 or D % 2))):
+        # (a row of a tail past max_D(), but float16 of even D: one block's
+        # kernel spilled, so a cluster of two takes it)
         cluster = 1 << (chunks - 1).bit_length()
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
     backward_block = forward_rows_per_group = 0

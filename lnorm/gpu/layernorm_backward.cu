@@ -389,10 +389,11 @@ __device__ __forceinline__ void backward_strip(
     constexpr int S = PER_BLOCK ? LN_BWD_ROWS_IN_FLIGHT
                       : sizeof(T) == 2 ? LN_BWD_WARP_ROWS_IN_FLIGHT_F16
                                        : LN_BWD_WARP_ROWS_IN_FLIGHT_F32;
+    constexpr int SV = slot_vectors<T>();  // slots a vector
     LN_DYNAMIC_SHARED(uint4, staged);
     const int nvec = row_vectors<T, VEC>(cols);
     float2* scratch =
-        reinterpret_cast<float2*>(staged + S * 2 * VPT * blockDim.x);
+        reinterpret_cast<float2*>(staged + S * 2 * VPT * SV * blockDim.x);
     int parity = 0;
     auto row_sum_of = [&](float2 v) {
         if constexpr (CL > 1) return cluster_sum<CL>(v, scratch, parity);
@@ -400,7 +401,8 @@ __device__ __forceinline__ void backward_strip(
         else return warp_sum(v);
     };
     auto slot = [&](int buffer, int tensor, int i) {
-        return prefetch_slot<2, VPT>(staged, buffer, tensor, i);  // x, dy
+        return prefetch_slot<2, VPT * SV>(staged, buffer, tensor,
+                                          i * SV);  // x, dy
     };
     auto prefetch = [&](long long row, int buffer) {
 #pragma unroll
@@ -421,7 +423,14 @@ __device__ __forceinline__ void backward_strip(
         // cache: no streaming hint on its loads.
         auto load_row = [&](int i, long long at, float* xv, float* dyv,
                             int n) {
-            if constexpr (STAGED) {
+            if constexpr (OddRows<T>::value) {  // the slots need the start
+                vec_load_slot<T, VEC>(
+                    reinterpret_cast<const T*>(slot(buffer, 0, i)), xv, n,
+                    x + col0 + at);
+                vec_load_slot<T, VEC>(
+                    reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv, n,
+                    dy + col0 + at);
+            } else if constexpr (STAGED) {
                 vec_load_slot<T, VEC>(
                     reinterpret_cast<const T*>(slot(buffer, 0, i)), xv, n);
                 vec_load_slot<T, VEC>(

@@ -57,19 +57,22 @@
 // v5's kernels for these rows: 16-byte vectors, and in float16 of even D
 // not a multiple of them, a tail (*_any, as below). No scalars: rows of
 // scalars this long would not fit a thread's registers without spilling,
-// and nor do float32's six vectors a thread with a tail (ptxas 12.9 for
-// sm_90 spilled 36 and 100 stores, 2026-11-27); those rows go to a cluster
-// of two blocks (lnorm.gpu.kernels.plan).
+// and nor do float32's six vectors a thread with a tail, or float16's
+// three of odd D (ptxas 12.9 for sm_90 spilled 36 and 100 stores, and 92 in
+// the backward, 2026-11-27); those rows go to a cluster of two blocks
+// (lnorm.gpu.kernels.plan).
 #define LN_LONG_VECTOR_VARIANTS(K)                     \
     K(long_f32_v4, float, 4, LN_BLOCK_THREADS)         \
     K(long_f16_v8, half_bits, 8, LN_BLOCK_THREADS)     \
     K(long_f16_any, half_any, 8, LN_BLOCK_THREADS)
 // v5's variants of rows held in registers, K(...) as LN_VARIANTS: 16-byte
 // vectors where D is a multiple of them; else, for rows of a block (D >
-// 32 * LN_ELEMS_PER_THREAD) that start on 4 bytes (float32 any D, float16
-// any even D), the columns and order of the vector kernels with a tail,
-// each row's vectors moved in 16 or 4 bytes as its start allows (*_any,
-// VecAny below); else scalars. (The warp variants of a tail, built once,
+// 32 * LN_ELEMS_PER_THREAD), the columns and order of the vector kernels
+// with a tail, each row's vectors moved in 16 or 4 bytes as its start
+// allows (float32 any D, float16 any even D: *_any, VecAny below), or in 16,
+// 4 and 2 for float16 rows of odd D, which start on 2 bytes every other row
+// (*_odd, VecOdd below); else (rows a warp holds) scalars. (The warp
+// variants of a tail, built once,
 // gave other dgamma and dbeta bits than the emulation on an H100 in float32,
 // which the CPU did not reproduce: they are not built.)
 #define LN_GROUPED_VARIANTS(K)                              \
@@ -81,12 +84,12 @@
     K(block_f32_any, float_any, 4, true, LN_BLOCK_THREADS)  \
     K(block_f16_v8, half_bits, 8, true, LN_BLOCK_THREADS)   \
     K(block_f16_any, half_any, 8, true, LN_BLOCK_THREADS)   \
-    K(block_f16_v1, half_bits, 1, true, LN_BLOCK_THREADS)
+    K(block_f16_odd, half_odd, 8, true, LN_BLOCK_THREADS)
 // v5's kernels for rows longer than LN_LONG_ELEMS_PER_THREAD *
 // LN_MAX_ROW_THREADS: a cluster of 2, 4 or 8 blocks a row group, 16-byte
 // vectors, with a tail in the last slice where D is not a multiple of them
-// (*_any; a slice is a whole number of vectors, so only the last slice's
-// last vector is short). K(suffix, storage type, vector, largest block,
+// (*_any, *_odd; a slice is a whole number of vectors, so only the last
+// slice's last vector is short). K(suffix, storage type, vector, largest block,
 // blocks a cluster).
 #define LN_CLUSTER_VARIANTS(K)                              \
     K(cluster2_f32_v4, float, 4, LN_BLOCK_THREADS, 2)       \
@@ -100,7 +103,10 @@
     K(cluster8_f16_v8, half_bits, 8, LN_BLOCK_THREADS, 8)   \
     K(cluster2_f16_any, half_any, 8, LN_BLOCK_THREADS, 2)   \
     K(cluster4_f16_any, half_any, 8, LN_BLOCK_THREADS, 4)   \
-    K(cluster8_f16_any, half_any, 8, LN_BLOCK_THREADS, 8)
+    K(cluster8_f16_any, half_any, 8, LN_BLOCK_THREADS, 8)   \
+    K(cluster2_f16_odd, half_odd, 8, LN_BLOCK_THREADS, 2)   \
+    K(cluster4_f16_odd, half_odd, 8, LN_BLOCK_THREADS, 4)   \
+    K(cluster8_f16_odd, half_odd, 8, LN_BLOCK_THREADS, 8)
 
 // float16 is stored as its 16 raw bits and converted with one PTX instruction
 // each way, so no cuda_fp16.h is needed. Arithmetic is always float32. On the
@@ -299,6 +305,16 @@ __device__ __forceinline__ void copy_async_4(void* smem, const void* gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
                  :: "r"(dst), "l"(gmem) : "memory");
 }
+// copy_async_2of4: the 2 bytes at gmem into smem, zeros into the 2 after
+// them (a 4-byte copy of 2 source bytes: nothing is read past them); both
+// addresses on 4 bytes. For a float16 row's last element where the word
+// would run past the row (v5's rows of odd D).
+__device__ __forceinline__ void copy_async_2of4(void* smem,
+                                                const void* gmem) {
+    const unsigned dst = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, 2;"
+                 :: "r"(dst), "l"(gmem) : "memory");
+}
 __device__ __forceinline__ void async_commit() {
     asm volatile("cp.async.commit_group;" ::: "memory");
 }
@@ -313,6 +329,9 @@ inline void copy_async_16(void* smem, const void* gmem) {
 }
 inline void copy_async_4(void* smem, const void* gmem) {
     cuda_host::copy_async(smem, gmem, 4);
+}
+inline void copy_async_2of4(void* smem, const void* gmem) {
+    cuda_host::copy_async(smem, gmem, 4, 2);
 }
 inline void async_commit() { cuda_host::copy_commit(); }
 template <int N> inline void async_wait() { cuda_host::copy_wait(N); }
@@ -338,6 +357,11 @@ struct half_any { half_bits v; };
 template <typename T> struct AnyAlign { static constexpr bool value = false; };
 template <> struct AnyAlign<float_any> { static constexpr bool value = true; };
 template <> struct AnyAlign<half_any> { static constexpr bool value = true; };
+// float16 rows of odd D (half_odd, below): a tail too, and rows on 2 bytes.
+struct half_odd { half_bits v; };
+template <> struct AnyAlign<half_odd> { static constexpr bool value = true; };
+template <typename T> struct OddRows { static constexpr bool value = false; };
+template <> struct OddRows<half_odd> { static constexpr bool value = true; };
 
 // Elements of vector v (of VEC) within a row or slice of `cols`: VEC, or
 // the tail's count for the last vector of a row of any D.
@@ -459,20 +483,183 @@ struct VecAny {
     }
 };
 
+// ---- v5's float16 rows of odd D: rows that start on 2 bytes
+//
+// Row r of odd D starts r * D halves past the base (on 16 bytes): on 4
+// bytes for even r, on 2 for odd r. cp.async copies 4 bytes at least, from
+// an address on 4, so half_odd moves the vectors of a row on 2 bytes as the
+// words around them: the 16 bytes that start one half before the vector
+// (one copy of 16 where that is on 16 bytes, else four of 4) into its
+// prefetch slot, and the word after them (the vector's last half and the
+// next vector's first) into a second slot, blockDim.x slots further on
+// (half_odd's slots take two rows of the buffer layout, prefetch_slot). A
+// tail of n halves (n odd) needs (n + 1) / 2 words there and no second
+// slot. A row on 4 bytes moves as half_any's, but for its tail: the word
+// of its last half would run past the row, so that one copies 2 bytes and
+// zeros (copy_async_2of4). The slot's reader shifts the halves of a row on
+// 2 bytes into place. Stores and the loads of gamma and beta go to global
+// memory by the same rule: 2-byte accesses for a half on its own, 4-byte
+// ones for two, 16-byte ones for a whole vector on 16 bytes. The columns,
+// the order and the bits are half_any's (and the vector kernels').
+template <typename T>
+__device__ constexpr int slot_vectors() { return OddRows<T>::value ? 2 : 1; }
+
+// Halves j and j + 1 of a vector's words w (j even: a word; odd: across two).
+__device__ __forceinline__ unsigned halves_at(const unsigned (&w)[5], int j) {
+    return j % 2 == 0 ? w[j / 2] : (w[j / 2] >> 16) | (w[j / 2 + 1] << 16);
+}
+
+template <bool STREAM>
+struct VecOdd {
+    // The n halves at p (on 2 bytes), as floats, zeros past them.
+    static __device__ __forceinline__ void load(const half_odd* p, float* out,
+                                                int n) {
+        const unsigned long long a = (unsigned long long)p;
+        const half_bits* h = reinterpret_cast<const half_bits*>(p);
+        if (n == 8 && (a & 15) == 0) {
+            const uint4* q = reinterpret_cast<const uint4*>(p);
+            unpack_halves(STREAM ? __ldcs(q) : *q, out);
+            return;
+        }
+        unsigned hv[9] = {0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u};
+        if (a & 2) load_from<1>(h, hv, n);
+        else load_from<0>(h, hv, n);
+        unsigned w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = hv[2 * k] | (hv[2 * k + 1] << 16);
+        unpack_halves(make_uint4(w[0], w[1], w[2], w[3]), out);
+    }
+    // The converse: the first n of 8 floats as halves at p.
+    static __device__ __forceinline__ void store(half_odd* p, const float* in,
+                                                 int n) {
+        const unsigned long long a = (unsigned long long)p;
+        half_bits* h = reinterpret_cast<half_bits*>(p);
+        const uint4 v = pack_halves(in);
+        if (n == 8 && (a & 15) == 0) {
+            if constexpr (STREAM) __stcs(reinterpret_cast<uint4*>(p), v);
+            else *reinterpret_cast<uint4*>(p) = v;
+            return;
+        }
+        const unsigned w[5] = {v.x, v.y, v.z, v.w, 0u};
+        if (a & 2) store_from<1>(h, w, n);
+        else store_from<0>(h, w, n);
+    }
+
+  private:
+    // Halves of h into hv, as load and store_from take them.
+    template <int FIRST>
+    static __device__ __forceinline__ void load_from(const half_bits* h,
+                                                     unsigned (&hv)[9],
+                                                     int n) {
+        if (FIRST) hv[0] = ld16(h);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 2 * k + FIRST;
+            if (j + 1 < n) {
+                const unsigned v = ld32(h + j);
+                hv[j] = v & 0xffffu;
+                hv[j + 1] = v >> 16;
+            } else if (j < n) {
+                hv[j] = ld16(h + j);
+            }
+        }
+    }
+    // Halves FIRST.. of w to h + FIRST..: a half on its own first if FIRST,
+    // then words, then a half on its own where one is left (every index
+    // known at compile time: w stays in registers).
+    template <int FIRST>
+    static __device__ __forceinline__ void store_from(half_bits* h,
+                                                      const unsigned (&w)[5],
+                                                      int n) {
+        if (FIRST) st16(h, (half_bits)(w[0] & 0xffffu));
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 2 * k + FIRST;
+            if (j + 1 < n) st32(h + j, halves_at(w, j));
+            else if (j < n) st16(h + j, (half_bits)(halves_at(w, j) & 0xffffu));
+        }
+    }
+    static __device__ __forceinline__ unsigned ld16(const half_bits* q) {
+        if constexpr (STREAM) return __ldcs(q); else return *q;
+    }
+    static __device__ __forceinline__ unsigned ld32(const half_bits* q) {
+        const unsigned* u = reinterpret_cast<const unsigned*>(q);
+        if constexpr (STREAM) return __ldcs(u); else return *u;
+    }
+    static __device__ __forceinline__ void st16(half_bits* q, half_bits v) {
+        if constexpr (STREAM) __stcs(q, v); else *q = v;
+    }
+    static __device__ __forceinline__ void st32(half_bits* q, unsigned v) {
+        unsigned* u = reinterpret_cast<unsigned*>(q);
+        if constexpr (STREAM) __stcs(u, v); else *u = v;
+    }
+};
+
+// The copies of a vector of n halves at gmem (on 2 bytes) into its slot
+// and, for a whole vector on 2 bytes, the second slot (see above).
+__device__ __forceinline__ void copy_async_odd(void* smem, const half_odd* gmem,
+                                               int n) {
+    const unsigned long long a = (unsigned long long)gmem;
+    char* d = reinterpret_cast<char*>(smem);
+    if (a & 2) {  // the words from one half before it
+        const char* g = reinterpret_cast<const char*>(gmem) - 2;
+        const int words = n == 8 ? 4 : (n + 1) / 2;
+        if (words == 4 && ((a - 2) & 15) == 0) {
+            copy_async_16(d, g);
+        } else {
+            for (int k = 0; k < words; ++k) copy_async_4(d + 4 * k, g + 4 * k);
+        }
+        if (n == 8)
+            copy_async_4(reinterpret_cast<uint4*>(smem) + blockDim.x, g + 16);
+    } else {
+        const char* g = reinterpret_cast<const char*>(gmem);
+        if (n == 8 && (a & 15) == 0) {
+            copy_async_16(d, g);
+        } else {
+            for (int k = 0; 2 * k + 1 < n; ++k)
+                copy_async_4(d + 4 * k, g + 4 * k);
+            if (n % 2) copy_async_2of4(d + 2 * (n - 1), g + 2 * (n - 1));
+        }
+    }
+}
+
+// A vector from its slots, copied from `from` by copy_async_odd.
+__device__ __forceinline__ void load_slot_odd(const half_odd* p,
+                                              const half_odd* from,
+                                              float* out, int n) {
+    const uint4 m = *reinterpret_cast<const uint4*>(p);
+    unsigned w[5] = {m.x, m.y, m.z, m.w, 0u};
+    if ((unsigned long long)from & 2) {  // one half early: shift it out
+        w[4] = *reinterpret_cast<const unsigned*>(
+            reinterpret_cast<const uint4*>(p) + blockDim.x);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) w[k] = halves_at(w, 2 * k + 1);
+    }
+    unpack_halves(make_uint4(w[0], w[1], w[2], w[3]), out);
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+        if (c >= n) out[c] = 0.0f;
+}
+
 // A vector of n elements (n = VEC but for a tail) by Vec, VecStream (STREAM)
-// or, for rows of any D, VecAny: what the kernels shared by both call.
+// or, for rows of any D, VecAny (VecOdd): what the kernels shared by both
+// call.
 template <typename T, int VEC, bool STREAM = false>
 __device__ __forceinline__ void vec_load(const T* p, float* out, int n) {
-    if constexpr (AnyAlign<T>::value) VecAny<T, VEC, STREAM>::load(p, out, n);
+    if constexpr (OddRows<T>::value) VecOdd<STREAM>::load(p, out, n);
+    else if constexpr (AnyAlign<T>::value) VecAny<T, VEC, STREAM>::load(p, out, n);
     else if constexpr (STREAM) VecStream<T, VEC>::load(p, out);
     else Vec<T, VEC>::load(p, out);
 }
 // A vector from its prefetch slot (16 bytes of shared memory, written by
-// this thread's copies of its n elements): all 16 bytes at once, then
-// zeros past a tail.
+// this thread's copies of its n elements, from `from`, which only half_odd
+// needs): all 16 bytes at once, then zeros past a tail.
 template <typename T, int VEC>
-__device__ __forceinline__ void vec_load_slot(const T* p, float* out, int n) {
-    if constexpr (AnyAlign<T>::value) {
+__device__ __forceinline__ void vec_load_slot(const T* p, float* out, int n,
+                                              const T* from = nullptr) {
+    if constexpr (OddRows<T>::value) {
+        load_slot_odd(p, from, out, n);
+    } else if constexpr (AnyAlign<T>::value) {
         unpack16(*reinterpret_cast<const uint4*>(p), (T*)nullptr, out);
 #pragma unroll
         for (int c = 0; c < VEC; ++c)
@@ -485,12 +672,14 @@ __device__ __forceinline__ void vec_load_slot(const T* p, float* out, int n) {
 template <typename T, int VEC>
 __device__ __forceinline__ void vec_load_aligned(const T* p, float* out,
                                                  int n) {
-    if constexpr (AnyAlign<T>::value) VecAny<T, VEC, false, true>::load(p, out, n);
+    if constexpr (OddRows<T>::value) VecOdd<false>::load(p, out, n);
+    else if constexpr (AnyAlign<T>::value) VecAny<T, VEC, false, true>::load(p, out, n);
     else Vec<T, VEC>::load(p, out);
 }
 template <typename T, int VEC, bool STREAM = false>
 __device__ __forceinline__ void vec_store(T* p, const float* in, int n) {
-    if constexpr (AnyAlign<T>::value) VecAny<T, VEC, STREAM>::store(p, in, n);
+    if constexpr (OddRows<T>::value) VecOdd<STREAM>::store(p, in, n);
+    else if constexpr (AnyAlign<T>::value) VecAny<T, VEC, STREAM>::store(p, in, n);
     else if constexpr (STREAM) VecStream<T, VEC>::store(p, in);
     else Vec<T, VEC>::store(p, in);
 }
@@ -516,7 +705,8 @@ __device__ __forceinline__ void copy_async_any(void* smem, const T* gmem,
 // 16-byte slot.
 template <typename T, int VEC>
 __device__ __forceinline__ void copy_vec(void* smem, const T* gmem, int n) {
-    if constexpr (AnyAlign<T>::value) copy_async_any(smem, gmem, n);
+    if constexpr (OddRows<T>::value) copy_async_odd(smem, gmem, n);
+    else if constexpr (AnyAlign<T>::value) copy_async_any(smem, gmem, n);
     else copy_async_16(smem, gmem);
 }
 

@@ -183,6 +183,7 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     constexpr int VPT = E / VEC;
     constexpr bool STAGED = VEC * sizeof(T) == 16;
     constexpr int S = LN_FWD_ROWS_IN_FLIGHT;
+    constexpr int SV = slot_vectors<T>();  // slots a vector
     constexpr int SLICE = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS;
     const int G = group_threads, P = blockDim.x / G;
     const int p = threadIdx.x / G, t = threadIdx.x % G;
@@ -197,7 +198,8 @@ __device__ __forceinline__ void layernorm_forward_grouped(
     const int nvec = row_vectors<T, VEC>(cols);
 
     LN_DYNAMIC_SHARED(uint4, staged);
-    float* scratch = reinterpret_cast<float*>(staged + S * VPT * blockDim.x);
+    float* scratch =
+        reinterpret_cast<float*>(staged + S * VPT * SV * blockDim.x);
     int parity = 0;
     auto row_sum_of = [&](float v) {
         if constexpr (CL > 1) return cluster_sum<CL>(v, scratch, parity);
@@ -209,7 +211,8 @@ __device__ __forceinline__ void layernorm_forward_grouped(
         for (int i = 0; i < VPT; ++i) {
             const int v = t + i * G;
             if (v < nvec)
-                copy_vec<T, VEC>(prefetch_slot<1, VPT>(staged, buffer, 0, i),
+                copy_vec<T, VEC>(prefetch_slot<1, VPT * SV>(staged, buffer,
+                                                            0, i * SV),
                                  x + row * D + col0 + v * VEC,
                                  vector_elements<T, VEC>(v, cols));
         }
@@ -221,8 +224,10 @@ __device__ __forceinline__ void layernorm_forward_grouped(
             rstd_out, row, D, eps, t, G, active,
             [&](int i, int v, float* xv, int n) {
                 if constexpr (STAGED)
-                    vec_load_slot<T, VEC>(reinterpret_cast<const T*>(
-                        prefetch_slot<1, VPT>(staged, buffer, 0, i)), xv, n);
+                    vec_load_slot<T, VEC>(
+                        reinterpret_cast<const T*>(prefetch_slot<1, VPT * SV>(
+                            staged, buffer, 0, i * SV)),
+                        xv, n, x + row * D + col0 + v * VEC);
                 else
                     vec_load<T, VEC>(x + row * D + col0 + v * VEC, xv, n);
             },

@@ -162,7 +162,8 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: ``"bwd_grouped_cluster<C>"``: v5's clusters of ``C`` blocks;
 #: A name ending in ``"_any"``: v5's kernel of the same family for rows of
 #: any D (a tail, ``LaunchPlan.aligned`` False), float32's but for
-#: ``"_long_any"``, which only float16 has.
+#: ``"_long_any"``, which only float16 has; in ``"_odd"``: float16's of odd
+#: D (``LaunchPlan.starts_on_2``).
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
              "bwd_atomic": 109, "bwd_grouped": 122, "fwd_grouped": 59,
              "fwd_grouped_long": 79, "bwd_grouped_long": 120,
@@ -173,7 +174,11 @@ REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
              "fwd_grouped_long_any": 86, "bwd_grouped_long_any": 128,
              "fwd_grouped_cluster2_any": 64, "fwd_grouped_cluster4_any": 64,
              "fwd_grouped_cluster8_any": 64, "bwd_grouped_cluster2_any": 128,
-             "bwd_grouped_cluster4_any": 128, "bwd_grouped_cluster8_any": 128}
+             "bwd_grouped_cluster4_any": 128, "bwd_grouped_cluster8_any": 128,
+             "fwd_grouped_odd": 64, "bwd_grouped_odd": 128,
+             "fwd_grouped_cluster2_odd": 64, "fwd_grouped_cluster4_odd": 64,
+             "fwd_grouped_cluster8_odd": 64, "bwd_grouped_cluster2_odd": 128,
+             "bwd_grouped_cluster4_odd": 128, "bwd_grouped_cluster8_odd": 128}
 
 #: The same for the variants of scalars (``D`` not a multiple of the vector),
 #: which use more: the most of float32 and float16, per kernel family and
@@ -181,8 +186,7 @@ REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
 SCALAR_REGISTERS = {"fwd_warp": 64, "fwd_block": 80, "fwd_long": 56,
                     "bwd_warp": 155, "bwd_block": 128, "bwd_long": 128,
                     "bwd_atomic_warp": 158, "bwd_atomic_block": 128,
-                    "bwd_grouped_warp": 141, "bwd_grouped_block": 128,
-                    "fwd_grouped_warp": 109, "fwd_grouped_block": 128}
+                    "bwd_grouped_warp": 141, "fwd_grouped_warp": 109}
 
 #: Static shared memory (bytes per block) of v5's backward, as ``ptxas -v``
 #: reports it: the hand-over of the column sums, sized for the largest group
@@ -436,7 +440,8 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     else:
         family = (f"_cluster{p.cluster}" if p.cluster > 1
                   else "_long" if p.chunks > 1 else "")
-        regs = REGISTERS[short + family + ("" if p.aligned else "_any")]
+        loads = "" if p.aligned else "_odd" if p.starts_on_2 else "_any"
+        regs = REGISTERS[short + family + loads]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
     if rows_per_group is not None:

@@ -46,6 +46,7 @@
 #include <ctime>
 #include <chrono>
 #include <cstdarg>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -244,12 +245,24 @@ struct PendingCopy {
     void* to;
     const void* from;
     unsigned bytes;
+    unsigned src_bytes;  // read from `from`; the rest of `bytes` are zeros
 };
 inline thread_local std::vector<PendingCopy> open_copies;  // not committed
 inline thread_local std::vector<std::vector<PendingCopy>> copy_groups;
 
+// cp.async with a source size: src_bytes read, zeros up to `bytes`. Both
+// addresses must be aligned to `bytes`, as on a GPU.
+inline void copy_async(void* to, const void* from, unsigned bytes,
+                       unsigned src_bytes) {
+    if (src_bytes > bytes) fail("cp.async: %u source bytes of %u", src_bytes, bytes);
+    if (reinterpret_cast<std::uintptr_t>(to) % bytes != 0 ||
+        reinterpret_cast<std::uintptr_t>(from) % bytes != 0)
+        fail("cp.async of %u bytes from %p to %p: not aligned to its size", bytes,
+             from, to);
+    open_copies.push_back({to, from, bytes, src_bytes});
+}
 inline void copy_async(void* to, const void* from, unsigned bytes) {
-    open_copies.push_back({to, from, bytes});
+    copy_async(to, from, bytes, bytes);
 }
 inline void copy_commit() {
     copy_groups.push_back(std::move(open_copies));
@@ -258,8 +271,11 @@ inline void copy_commit() {
 // Land every committed group but the newest `pending`, oldest first.
 inline void copy_wait(unsigned pending) {
     while (copy_groups.size() > pending) {
-        for (const PendingCopy& c : copy_groups.front())
-            std::memcpy(c.to, c.from, c.bytes);
+        for (const PendingCopy& c : copy_groups.front()) {
+            std::memcpy(c.to, c.from, c.src_bytes);
+            std::memset(static_cast<unsigned char*>(c.to) + c.src_bytes, 0,
+                        c.bytes - c.src_bytes);
+        }
         copy_groups.erase(copy_groups.begin());
     }
 }
