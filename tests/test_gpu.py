@@ -1511,6 +1511,35 @@ def test_model_of_v3_drops_the_partials_and_the_second_stage():
         model.predict("forward", 8192, 4096, "float32", rows_per_group=32)
 
 
+@pytest.mark.parametrize("rows, D, dtype", [
+    (5000, 16384, "float16"), (3000, 12288, "float32"), (5000, 4096, "float16"),
+    (12000, 12290, "float16"), (4096, 8192, "float16"), (8192, 16384, "float16")])
+def test_v5_budget_strips_fill_whole_waves(rows, D, dtype):
+    """Where the partials budget sets v5's backward strip and leaves k >= 1
+    whole waves of row groups and some over, the strip is lengthened to the
+    shortest whose groups fit in k waves: no last wave of a few groups. The
+    budget still holds, and by the model the backward is at least as fast as
+    with the budget's strip. Fewer groups than a wave keep the budget's."""
+    p = kernels.plan(rows, D, dtype, "v5")
+    v5 = model.predict("backward", rows, D, dtype, rung="v5")
+    assert p.partials_bytes <= kernels.PARTIALS_BUDGET * v5.bytes
+    budget_strip = 1 if p.chunks == 1 or p.cluster > 1 else C["LN_LONG_STRIP"]
+    while 16 / (p.groups_per_block * budget_strip) > (
+            kernels.PARTIALS_BUDGET * 3 * np.dtype(dtype).itemsize):
+        budget_strip *= 2
+    wave = p.groups_per_block * (kernels.wave_blocks(p.backward_block)
+                                 // p.cluster)
+    whole = rows // (budget_strip * wave)
+    if whole == 0:
+        assert p.rows_per_group == budget_strip
+        return
+    assert p.row_groups <= whole * wave < -(-rows // (p.rows_per_group - 1))
+    assert p.rows_per_group >= budget_strip
+    before = model.predict("backward", rows, D, dtype, rung="v5",
+                           rows_per_group=budget_strip)
+    assert v5.time <= before.time
+
+
 def test_model_trades_strip_length_for_parallelism():
     """Longer strips: partial sums in proportion to 1/strip; groups at once limited
     by the groups there are."""

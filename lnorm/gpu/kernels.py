@@ -1168,7 +1168,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     of the bytes the backward must move (``x`` and ``dy`` read, ``dx``
     written), then lengthens it to the shortest strip (any number of rows)
     that keeps the launch within one wave of
-    :data:`lnorm.gpu.kernels.WAVE_THREADS` threads. v3 has v4's strips. For
+    :data:`lnorm.gpu.kernels.WAVE_THREADS` threads; where the budget's strip
+    already leaves ``k >= 1`` whole waves of row groups and some over, to
+    the shortest whose groups fit in those ``k`` waves (a last wave of a few
+    groups would take as long as a full one). v3 has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
     rows of any length up to ``max_D("v5")``: past
@@ -1322,6 +1325,13 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         forward_rows_per_group = max(1, one_wave(wave_threads))
         forward_grid = cluster * math.ceil(
             math.ceil(rows / forward_rows_per_group) / groups_per_block)
+        wave = groups_per_block * (wave_blocks(block, WAVE_THREADS) // cluster)
+        whole = rows // (rows_per_group * wave)  # waves the budget fills
+        if rows_per_group > one_wave(WAVE_THREADS) and whole:
+            # The budget, not the wave, set the strip: lengthen it until the
+            # groups fill those waves, so that no last wave of a few groups
+            # takes as long as a full one.
+            rows_per_group = math.ceil(rows / (whole * wave))
         rows_per_group = max(rows_per_group, one_wave(WAVE_THREADS))
     row_groups = math.ceil(rows / rows_per_group)
     backward_grid = cluster * math.ceil(row_groups / groups_per_block)

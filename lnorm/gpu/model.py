@@ -452,7 +452,8 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
             )
         groups = max(math.ceil(rows / rows_per_group), 1)
         p = replace(p, rows_per_group=rows_per_group, row_groups=groups,
-                    backward_grid=math.ceil(groups / p.groups_per_block))
+                    backward_grid=p.cluster * math.ceil(
+                        groups / p.groups_per_block))
     if direction == "forward" and rung != "v5":  # a row per group
         groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
         block = p.block
