@@ -971,25 +971,19 @@ def test_atomic_kernel_name():
         "ln_fwd_block_f16_v8")  # the forward is the same for every rung
     with pytest.raises(ValueError, match="max_D"):
         kernels.plan(4, 8200, "float32", "v3")
-    # v5 past max_D(): rows that start on 4 bytes up to max_D("v5") only, one
-    # block up to max_D_block(), then clusters of 2, 4, 8 blocks; float32
-    # rows of a tail go to a cluster of two from max_D() on
-    assert kernels.plan(4, 12288, "float32", "v5").kernel("backward") == (
-        "ln_bwd_grouped_long_f32_v4")
-    assert kernels.plan(4, 12296, "float16", "v5").kernel("forward") == (
-        "ln_fwd_grouped_cluster2_f16_v8")
-    assert kernels.plan(4, 9002, "float16", "v5").kernel("forward") == (
-        "ln_fwd_grouped_long_f16_any")
-    assert kernels.plan(4, 8193, "float32", "v5").kernel("backward") == (
-        "ln_bwd_grouped_cluster2_f32_any")
-    assert kernels.plan(4, 16385, "float32", "v5").kernel("backward") == (
-        "ln_bwd_grouped_cluster4_f32_any")
-    # float16 rows of odd D too: kernels of their own (*_odd), in clusters
-    # past max_D()
-    assert kernels.plan(4, 4097, "float16", "v5").kernel("backward") == (
-        "ln_bwd_grouped_block_f16_odd")
-    assert kernels.plan(4, 8193, "float16", "v5").kernel("forward") == (
-        "ln_fwd_grouped_cluster2_f16_odd")
+    # v5 past max_D(): rows of any D up to max_D("v5"), one block up to
+    # max_D_block(), then clusters of 2, 4, 8 blocks; rows of a tail go to a
+    # cluster of two from max_D() on, but for float16 of even D; float16 rows
+    # of odd D have kernels of their own (*_odd)
+    for rows, D, dtype, direction, name in (
+            (4, 12288, "float32", "backward", "ln_bwd_grouped_long_f32_v4"),
+            (4, 12296, "float16", "forward", "ln_fwd_grouped_cluster2_f16_v8"),
+            (4, 9002, "float16", "forward", "ln_fwd_grouped_long_f16_any"),
+            (4, 8193, "float32", "backward", "ln_bwd_grouped_cluster2_f32_any"),
+            (4, 16385, "float32", "backward", "ln_bwd_grouped_cluster4_f32_any"),
+            (4, 4097, "float16", "backward", "ln_bwd_grouped_block_f16_odd"),
+            (4, 8193, "float16", "forward", "ln_fwd_grouped_cluster2_f16_odd")):
+        assert kernels.plan(rows, D, dtype, "v5").kernel(direction) == name
     for D, dtype in ((65537, "float16"), (65544, "float16"), (65540, "float32")):
         with pytest.raises(ValueError, match=r"max_D\('v5'\)"):
             kernels.plan(4, D, dtype, "v5")
@@ -1460,6 +1454,21 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         # the prefetch buffers: float16 rows of 16-byte vectors only, here
         assert fused._functions[name].shared == [p5.backward_shared_bytes]
         assert (p5.backward_shared_bytes > 0) == (p5.vec > 1)
+        # without the second stage: the backward kernel alone, its partial rows
+        launches.clear()
+        _, part_g, part_b = fused.backward(inp["dy"], inp["x"], inp["gamma"], hi,
+                                           lo, rstd, rung="v5", second_stage=False)
+        ((alone, *_, alone_args),) = launches
+        alone_named = dict(zip(params[alone], alone_args))
+        assert alone == name and part_g.shape == (p5.partial_rows, D)
+        assert alone_named["dgamma_part"] is part_g
+        assert alone_named["dbeta_part"] is part_b
+        if "v3" in rungs:  # which has no second stage to leave out
+            launches.clear()
+            with pytest.raises(ValueError, match="no second stage"):
+                fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd,
+                               rung="v3", second_stage=False)
+            assert launches == []
 
         # v5's forward: v5's backward's blocks, strips of its own
         launches.clear()

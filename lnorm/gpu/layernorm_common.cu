@@ -72,9 +72,9 @@
 // allows (float32 any D, float16 any even D: *_any, VecAny below), or in 16,
 // 4 and 2 for float16 rows of odd D, which start on 2 bytes every other row
 // (*_odd, VecOdd below); else (rows a warp holds) scalars. (The warp
-// variants of a tail, built once,
-// gave other dgamma and dbeta bits than the emulation on an H100 in float32,
-// which the CPU did not reproduce: they are not built.)
+// variants of a tail, built once, gave other dgamma and dbeta bits than the
+// emulation on an H100 in float32, which the CPU did not reproduce: they are
+// not built; benchmarks/warp_tail_probe.py builds them to find out why.)
 #define LN_GROUPED_VARIANTS(K)                              \
     K(warp_f32_v4, float, 4, false, LN_WARP_THREADS)        \
     K(warp_f32_v1, float, 1, false, LN_WARP_THREADS)        \
@@ -341,9 +341,9 @@ template <int N> inline void async_wait() { cuda_host::copy_wait(N); }
 
 // ---- v5's rows of any D: 16 bytes where the row allows, a tail for the rest
 //
-// v5's variants for rows of a block whose D is not a multiple of the vector
-// (float32 any D, float16 any even D) keep the vector kernels' columns and
-// order: thread t still holds vectors t, t + G, ... of VEC elements, the
+// v5's variants for rows past a warp's whose D is not a multiple of the
+// vector (float32 any D, float16 any even D; float16 of odd D below) keep
+// the vector kernels' columns and order: thread t still holds vectors t, t + G, ... of VEC elements, the
 // last vector of the row holding only D % VEC of them (the tail). What
 // changes is how a vector moves. Row r starts r * D elements past an aligned
 // base, so its vectors start on 16 bytes or on 4 (8 counts as 4), the same

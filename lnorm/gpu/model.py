@@ -170,15 +170,13 @@ REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
              "fwd_grouped_cluster2": 62, "fwd_grouped_cluster4": 61,
              "fwd_grouped_cluster8": 61, "bwd_grouped_cluster2": 117,
              "bwd_grouped_cluster4": 118, "bwd_grouped_cluster8": 120,
-             "fwd_grouped_any": 64, "bwd_grouped_any": 128,
              "fwd_grouped_long_any": 86, "bwd_grouped_long_any": 128,
-             "fwd_grouped_cluster2_any": 64, "fwd_grouped_cluster4_any": 64,
-             "fwd_grouped_cluster8_any": 64, "bwd_grouped_cluster2_any": 128,
-             "bwd_grouped_cluster4_any": 128, "bwd_grouped_cluster8_any": 128,
-             "fwd_grouped_odd": 64, "bwd_grouped_odd": 128,
-             "fwd_grouped_cluster2_odd": 64, "fwd_grouped_cluster4_odd": 64,
-             "fwd_grouped_cluster8_odd": 64, "bwd_grouped_cluster2_odd": 128,
-             "bwd_grouped_cluster4_odd": 128, "bwd_grouped_cluster8_odd": 128}
+             # of a tail, a block's and a cluster's alike: the forward at its
+             # bound (64), the backward at 128
+             **{f"{d}_grouped{family}_{loads}": regs
+                for d, regs in (("fwd", 64), ("bwd", 128))
+                for family in ("", "_cluster2", "_cluster4", "_cluster8")
+                for loads in ("any", "odd")}}
 
 #: The same for the variants of scalars (``D`` not a multiple of the vector),
 #: which use more: the most of float32 and float16, per kernel family and

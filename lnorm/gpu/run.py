@@ -295,7 +295,7 @@ class FusedLayerNorm:
         kernel(grid, block, args, shared_mem=shared)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
-                 rung: str = "v4") -> tuple:
+                 rung: str = "v4", second_stage: bool = True) -> tuple:
         r"""Run the fused backward, then the deterministic reduction of dgamma, dbeta.
 
         Two launches: the backward kernel writes ``dx`` and the
@@ -318,18 +318,25 @@ class FusedLayerNorm:
             which rows: :func:`lnorm.gpu.kernels.rungs_for`). v3's ``dx`` has
             v4's bits, its ``dgamma`` and ``dbeta`` may differ in their last
             bits from run to run; v5's equal :mod:`lnorm.gpu.emulate`'s.
+        second_stage : bool, default True
+            False (v4, v5): stop after the backward kernel and return its
+            partial rows instead of dgamma and dbeta, as
+            :meth:`lnorm.gpu.host.HostLayerNorm.backward` does.
 
         Returns
         -------
         dx : cupy.ndarray, shape and dtype of ``x``
             The gradient of the input.
         dgamma, dbeta : cupy.ndarray, float32, shape (D,)
-            The gradients of the scale and shift.
+            The gradients of the scale and shift; with ``second_stage=False``
+            the ``(partial_rows, D)`` partial rows
+            (:func:`lnorm.gpu.emulate.column_partials`).
 
         Raises
         ------
         ValueError, TypeError
-            Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
+            Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses;
+            ``second_stage=False`` with v3, which has none.
         RuntimeError
             A v5 launch whose prefetch buffers need more shared memory per
             block than the device allows (on an A100, the float32 backward
@@ -359,6 +366,8 @@ class FusedLayerNorm:
         dy, x, gamma, mean_hi, mean_lo, rstd = (
             self._as_device(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd))
         p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung)
+        if not second_stage and rung == "v3":
+            raise ValueError("rung 'v3' has no second stage to leave out.")
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows
             return dx, cp.zeros(p.D, dtype=cp.float32), cp.zeros(p.D, dtype=cp.float32)
@@ -377,6 +386,8 @@ class FusedLayerNorm:
         dbeta_part = cp.empty((p.partial_rows, p.D), dtype=cp.float32)
         self._launch(name, grid, block, (*ins, dgamma_part, dbeta_part, *ints),
                      p.backward_shared_bytes)
+        if not second_stage:
+            return dx, dgamma_part, dbeta_part
         rname, rgrid, rblock = p.reduce_launch()
         self._functions[rname](
             rgrid, rblock,
