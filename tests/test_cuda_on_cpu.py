@@ -120,6 +120,7 @@ GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16), (5, 9002, F16))
 #: float16's of odd D (9001, 20001, 65531: rows on 2 bytes every other row).
 CLUSTER_CASES = tuple((rows, D, dt) for rows, D in ((3, 16384), (2, 20000), (2, 65536))
                       for dt in (F32, F16)) + (
+    (2, 32768, F16),  # float16 at 20000 takes the kernel of a tail: cluster4_f16_v8
     (3, 9001, F32), (2, 20001, F32), (2, 65533, F32),
     (3, 12290, F16), (2, 16390, F16), (2, 65530, F16),
     (3, 9001, F16), (3, 20001, F16), (2, 65531, F16))
@@ -316,6 +317,38 @@ def test_v5_clusters_equal_emulation_bit_for_bit(host, rows, D, dtype):
     assert_same_bits(got, want, f"v5 clusters of {p.cluster}, rows={rows}, D={D}",
                      nan_payload=False)
     assert np.isnan(got["y"][-1]).all() and np.isfinite(got["y"][0]).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("D", [16390, 9001])
+def test_cluster_rows_in_flight_wrap_around_their_buffers(host, D):
+    """float16 clusters of a tail keep one more row in flight: strips longer
+    than their buffers, so that each buffer is used again (at 9001, rows on
+    2 bytes every other row: the words after the slots too). The plan's
+    forward strips at 7 rows are of one row: one cluster takes the 7 rows
+    here; the backward's strip holds them all."""
+    rows, dtype = 7, F16
+    p = kernels.plan(rows, D, dtype, "v5")
+    depth = {d: p.rows_in_flight(d) for d in ("forward", "backward")}
+    assert p.cluster > 1 and not p.aligned
+    assert depth == {"forward": 4, "backward": 3}
+    assert p.row_groups == 1 and rows > max(depth.values())
+    inp = check.make_inputs(rows, D, dtype, seed=D)
+    x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
+    name, _, block, args = p.forward_launch(1e-5)
+    args = (*args[:3], np.int32(rows), args[4])  # rows_per_group: every row
+    lead = x.shape[:-1]
+    with host.buffers() as new:
+        ins = [new(a.shape, a.dtype, a) for a in (x, g, b)]
+        outs = [new(x.shape, x.dtype), *(new(lead, np.float32) for _ in range(3))]
+        host.launch(name, (p.cluster,), block, (*ins, *outs, *args),
+                    p.forward_shared_bytes)
+        got = [o.copy() for o in outs]
+    want = emulate.forward(x, g, b, rung="v5")
+    for k, gk, wk in zip(("y", "mean_hi", "mean_lo", "rstd"), got, want):
+        assert gk.tobytes() == wk.tobytes(), k
+    dx = host.backward(dy, x, g, *want[1:], rung="v5", second_stage=False)[0]
+    assert dx.tobytes() == emulate.backward(dy, x, g, *want[1:], rung="v5")[0].tobytes()
 
 
 # ---- sanitizers and negative controls (slow) ----------------------------------------

@@ -133,6 +133,7 @@ def test_constants_are_read_from_the_source():
         "LN_BWD_ROWS_IN_FLIGHT",
         "LN_BWD_WARP_ROWS_IN_FLIGHT_F32",
         "LN_BWD_WARP_ROWS_IN_FLIGHT_F16",
+        "LN_CLUSTER_PART_ROWS_MORE",
         "LN_LONG_ELEMS_PER_THREAD",
         "LN_LONG_STRIP",
         "LN_MAX_CLUSTER",
@@ -561,13 +562,24 @@ def test_grouped_forward_is_v4_with_strips_and_prefetch(compiled):
         assert v4.count("st.global.cs") == 0, name
 
 
+def _rows_in_flight(name: str) -> int:
+    """Rows in flight of a v5 kernel of 16-byte vectors of a block or a
+    cluster, by its name: float16 clusters of a tail keep
+    LN_CLUSTER_PART_ROWS_MORE more."""
+    fwd = name.startswith("ln_fwd")
+    base = C["LN_FWD_ROWS_IN_FLIGHT" if fwd else "LN_BWD_ROWS_IN_FLIGHT"]
+    more = "_cluster" in name and name.endswith(("_f16_any", "_f16_odd"))
+    return base + more * C["LN_CLUSTER_PART_ROWS_MORE"]
+
+
 def test_any_d_kernels_are_the_vector_kernels_with_narrower_moves(compiled):
     """v5's kernels of rows of any D (a tail), of a block, of one block past
     registers (float16) and of clusters (sm_90): the vector kernel's barriers
     (of the block and of the cluster), shuffles, wait and 16-byte copies and
     stores, and beside them copies and stores of 4 bytes (rows that start off
     16 bytes, and the tail), never 8; x and dy reach registers only through
-    shared memory; no local memory."""
+    shared memory; no local memory. The copies come once per row in flight:
+    float16's clusters of a tail keep one row more."""
     arch, reports, _ = compiled
     tails = {n: r for n, r in reports.items() if n.endswith("_any")}
     families = [("block", s) for s in ("f16", "f32")] + [("long", "f16")]
@@ -576,10 +588,15 @@ def test_any_d_kernels_are_the_vector_kernels_with_narrower_moves(compiled):
     assert sorted(tails) == sorted(f"ln_{d}_grouped_{m}_{s}_any"
                                    for d in ("bwd", "fwd") for m, s in families)
     for name, r in tails.items():
-        v = reports[name.replace("_any", "_v4" if "_f32_" in name else "_v8")]
+        vector = name.replace("_any", "_v4" if "_f32_" in name else "_v8")
+        v = reports[vector]
         for op in ("bar.sync", "shfl.sync.bfly", "cp.async.wait_group",
-                   "cp.async.cg.shared.global", "st.global.cs.v4"):
+                   "st.global.cs.v4"):
             assert r.count(op) == v.count(op) > 0, (name, op)
+        copies = v.count("cp.async.cg.shared.global")
+        assert copies > 0 and copies % _rows_in_flight(vector) == 0, name
+        assert r.count("cp.async.cg.shared.global") == (
+            copies // _rows_in_flight(vector) * _rows_in_flight(name)), name
         for op in ("barrier.cluster.arrive", "barrier.cluster.wait",
                    "mapa.shared::cluster"):
             assert r.count(op) == v.count(op), (name, op)
@@ -598,7 +615,8 @@ def test_odd_d_kernels_move_rows_that_start_on_2_bytes(compiled):
     twice the vector kernel's), copies of 4 bytes, one copy of 2 bytes of 4
     (the last half of a row on 4 bytes) per prefetch, and stores of 2 and 4
     bytes; x and dy reach registers only through shared memory; no local
-    memory."""
+    memory. The copies come once per row in flight (float16's clusters of a
+    tail: one row more)."""
     arch, reports, _ = compiled
     odd = {n: r for n, r in reports.items() if n.endswith("_odd")}
     families = ["block"] + (
@@ -611,8 +629,11 @@ def test_odd_d_kernels_move_rows_that_start_on_2_bytes(compiled):
                    "st.global.cs.v4", "barrier.cluster.arrive",
                    "mapa.shared::cluster"):
             assert r.count(op) == v.count(op), (name, op)
-        sites = v.count("cp.async.cg.shared.global")
-        assert sites > 0 and r.count("cp.async.cg.shared.global") == 2 * sites
+        vector_sites = v.count("cp.async.cg.shared.global")
+        depth = _rows_in_flight(name.replace("_odd", "_v8"))
+        assert vector_sites > 0 and vector_sites % depth == 0, name
+        sites = vector_sites // depth * _rows_in_flight(name)
+        assert r.count("cp.async.cg.shared.global") == 2 * sites, name
         part = [line for line in r.lines
                 if re.search(r"cp\.async\.ca\.shared\.global.*, 4, 2;", line)]
         assert len(part) == sites, name
@@ -974,10 +995,14 @@ def test_atomic_kernel_name():
     # v5 past max_D(): rows of any D up to max_D("v5"), one block up to
     # max_D_block(), then clusters of 2, 4, 8 blocks; rows of a tail go to a
     # cluster of two from max_D() on, but for float16 of even D; float16 rows
-    # of odd D have kernels of their own (*_odd)
+    # of odd D have kernels of their own (*_odd); float16 rows that fill a
+    # cluster's slices in part go to the kernels of a tail (one more row in
+    # flight)
     for rows, D, dtype, direction, name in (
             (4, 12288, "float32", "backward", "ln_bwd_grouped_long_f32_v4"),
-            (4, 12296, "float16", "forward", "ln_fwd_grouped_cluster2_f16_v8"),
+            (4, 12296, "float32", "forward", "ln_fwd_grouped_cluster2_f32_v4"),
+            (4, 12296, "float16", "forward", "ln_fwd_grouped_cluster2_f16_any"),
+            (4, 16384, "float16", "forward", "ln_fwd_grouped_cluster2_f16_v8"),
             (4, 9002, "float16", "forward", "ln_fwd_grouped_long_f16_any"),
             (4, 8193, "float32", "backward", "ln_bwd_grouped_cluster2_f32_any"),
             (4, 16385, "float32", "backward", "ln_bwd_grouped_cluster4_f32_any"),
@@ -1006,7 +1031,10 @@ def test_v5_clusters_cover_rows_past_one_block(D, cluster, dtype):
         return
     slices = -(-D // kernels.max_D())
     assert cluster // 2 < slices <= cluster <= C["LN_MAX_CLUSTER"]
-    suffix = "f32_v4" if dtype == "float32" else "f16_v8"
+    # float16 rows that fill their slices in part: the kernels of a tail
+    full = D == cluster * kernels.max_D()
+    suffix = "f32_v4" if dtype == "float32" else "f16_v8" if full else "f16_any"
+    assert p.aligned == (suffix != "f16_any")
     for direction, short in (("forward", "fwd"), ("backward", "bwd")):
         assert p.kernel(direction) == f"ln_{short}_grouped_cluster{cluster}_{suffix}"
         assert kernels.cluster_blocks(p.kernel(direction)) == cluster

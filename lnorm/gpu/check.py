@@ -45,12 +45,13 @@ SHAPES = (
 )
 #: ``(rows, D)`` past :func:`lnorm.gpu.kernels.max_D_block`, where v5's rows
 #: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): every
-#: slice full (16384, 65536), and at 20000 a third slice partly filled and a
-#: fourth empty; then the same clusters with a tail in the last slice, in
-#: float32 and float16: rows that start on 4 bytes (12290, 20002, 65530) and
-#: float16 rows that start on 2 bytes every other row (12291, 20001, 65531).
-CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 65536), (3, 12290), (2, 20002),
-                  (2, 65530), (3, 12291), (2, 20001), (2, 65531))
+#: slice full (16384, 32768, 65536), and at 20000 a third slice partly filled
+#: and a fourth empty (float16: the kernel of a tail, for its row more in
+#: flight); then the same clusters with a tail in the last slice, in float32
+#: and float16: rows that start on 4 bytes (12290, 20002, 65530) and float16
+#: rows that start on 2 bytes every other row (12291, 20001, 65531).
+CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 32768), (2, 65536), (3, 12290),
+                  (2, 20002), (2, 65530), (3, 12291), (2, 20001), (2, 65531))
 
 
 def _host(a) -> np.ndarray:

@@ -188,6 +188,7 @@ def constants() -> dict[str, int]:
     LN_BWD_ROWS_IN_FLIGHT 2
     LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
     LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
+    LN_CLUSTER_PART_ROWS_MORE 1
     LN_LONG_ELEMS_PER_THREAD 24
     LN_MAX_CLUSTER 8
     LN_CLUSTER_SCRATCH_BYTES 256
@@ -529,6 +530,10 @@ class LaunchPlan:
         its start allows (``ln_*_grouped_{block|long|cluster<C>}_*_any``),
         or for float16 rows of odd ``D`` in 16, 4 and 2
         (``ln_*_grouped_{block|cluster<C>}_f16_odd``, :attr:`starts_on_2`).
+        False too for float16 rows of 16-byte vectors that fill a cluster's
+        slices only in part (``D < cluster * max_D()``): the kernels of a
+        tail take them, for the row in flight they add
+        (:meth:`rows_in_flight`).
 
     See Also
     --------
@@ -604,8 +609,9 @@ class LaunchPlan:
 
         Row ``r`` starts ``r * D`` elements past the (aligned) base. v5's
         kernels of such rows (``ln_*_grouped_*_f16_odd``) copy the words
-        around a vector that starts on 2 bytes, into two prefetch slots, and
-        take twice the shared memory of the others.
+        around a vector that starts on 2 bytes into its 16-byte prefetch slot
+        and a word after it, and take 20 bytes of shared memory a vector
+        where the others take 16.
 
         Returns
         -------
@@ -655,7 +661,8 @@ class LaunchPlan:
         ``dy`` into shared memory, one buffer per row in flight
         (:meth:`rows_in_flight`): ``rows_in_flight * 2 * 16 *
         (LN_ELEMS_PER_THREAD / vec)`` bytes per thread
-        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()`` but for clusters),
+        (``LN_LONG_ELEMS_PER_THREAD`` past ``max_D()`` but for clusters; 20
+        bytes a vector where rows start on 2 bytes, :attr:`starts_on_2`),
         and a cluster's blocks ``LN_CLUSTER_SCRATCH_BYTES`` more for the row
         sums they exchange. The other kernels take none.
 
@@ -682,6 +689,8 @@ class LaunchPlan:
         32768
         >>> plan(64, 65536, "float32", rung="v5").backward_shared_bytes  # + 256
         131328
+        >>> plan(64, 4097, "float16", rung="v5").backward_shared_bytes  # 288 x 160
+        46080
         """
         return self._prefetch_bytes("backward", tensors=2)
 
@@ -717,7 +726,10 @@ class LaunchPlan:
         rows in the forward, ``LN_BWD_ROWS_IN_FLIGHT`` in the backward (and
         ``LN_BWD_WARP_ROWS_IN_FLIGHT_F32`` or ``_F16`` where a warp holds a
         row: short rows, so more of them keep as many bytes in flight), one
-        shared-memory buffer each. The other kernels load one row at a time.
+        shared-memory buffer each; float16 clusters of a tail (``aligned``
+        False: rows that fill their slices in part, so a thread holds fewer
+        bytes of a row) ``LN_CLUSTER_PART_ROWS_MORE`` more. The other
+        kernels load one row at a time.
 
         Parameters
         ----------
@@ -742,16 +754,23 @@ class LaunchPlan:
         1
         >>> plan(10**6, 64, "float16", "v5").rows_in_flight("backward")  # warps
         4
+        >>> p = plan(8192, 20000, "float16", "v5")  # 4 slices, the last empty
+        >>> p.cluster, p.aligned, [p.rows_in_flight(d) for d in ("forward", "backward")]
+        (4, False, [4, 3])
+        >>> plan(8192, 20001, "float16", "v5").rows_in_flight("forward")  # odd D
+        4
         """
         if self.rung != "v5" or self.vec == 1:
             return 1
+        c = constants()
         if direction == "forward":
             key = "LN_FWD_ROWS_IN_FLIGHT"
         elif self.per_block:
             key = "LN_BWD_ROWS_IN_FLIGHT"
         else:
             key = f"LN_BWD_WARP_ROWS_IN_FLIGHT_{_STORAGE[self.dtype].upper()}"
-        return constants()[key]
+        more = self.cluster > 1 and self.dtype == np.float16 and not self.aligned
+        return c[key] + (c["LN_CLUSTER_PART_ROWS_MORE"] if more else 0)
 
     def _prefetch_bytes(self, direction: str, tensors: int) -> int:
         k = self.rows_in_flight(direction)
@@ -760,11 +779,11 @@ class LaunchPlan:
         c = constants()
         per_thread = "LN_LONG_ELEMS_PER_THREAD" if (
             self.chunks > 1 and self.cluster == 1) else "LN_ELEMS_PER_THREAD"
-        vectors = c[per_thread] // self.vec  # of 16 bytes
-        if self.starts_on_2:  # two slots a vector (half_odd)
-            vectors *= 2
+        vectors = c[per_thread] // self.vec
+        # 16 bytes a vector, and half_odd's word after it (odd_word)
+        slot = 20 if self.starts_on_2 else 16
         scratch = c["LN_CLUSTER_SCRATCH_BYTES"] if self.cluster > 1 else 0
-        return (k * tensors * 16 * vectors * (self.backward_block or self.block)
+        return (k * tensors * slot * vectors * (self.backward_block or self.block)
                 + scratch)
 
     def forward_launch(self, eps: float) -> tuple[str, tuple, tuple, tuple]:
@@ -1179,7 +1198,9 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     4 or 8 blocks (``chunks`` rounded up to a power of two), block ``r``
     holding the row's slice ``r`` of ``max_D()`` elements (rows of a tail
     already past ``max_D()``, but for float16 of even ``D``: one block's
-    kernel of a tail would spill there). Its row sums
+    kernel of a tail would spill there; float16 rows of 16-byte vectors that
+    fill the slices only in part take the cluster's kernels of a tail,
+    ``aligned`` False, for the row more they keep in flight). Its row sums
     then add the slices' sums in order, each summed as a row of ``max_D()``
     is: an order of its own, not v4's.
 
@@ -1298,6 +1319,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         # (a row of a tail past max_D(), but float16 of even D: one block's
         # kernel spilled, so a cluster of two takes it)
         cluster = 1 << (chunks - 1).bit_length()
+    if cluster > 1 and dtype == np.float16 and D < cluster * max_D():
+        # float16 rows that fill their slices in part: the kernels of a tail,
+        # which keep one more row in flight (LN_CLUSTER_PART_ROWS_MORE)
+        tail = True
     groups_per_block = 1 if per_block else c["LN_WARPS_PER_BLOCK"]
     backward_block = forward_rows_per_group = 0
     if rung == "v5":

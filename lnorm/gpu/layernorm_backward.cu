@@ -378,7 +378,8 @@ __device__ __forceinline__ void backward_strip(
     // Rows of 16-byte vectors are prefetched: while a thread works on row k,
     // its copies of the next rows' x and dy are in flight into shared memory,
     // so the latency of the loads is not waited out once per row. One buffer
-    // per row in flight (S = LN_BWD_ROWS_IN_FLIGHT; a row a warp holds is
+    // per row in flight (S = LN_BWD_ROWS_IN_FLIGHT, one more in float16
+    // clusters of a tail, part_rows_more; a row a warp holds is
     // short, so warps keep LN_BWD_WARP_ROWS_IN_FLIGHT_F32 or _F16 rows in
     // flight), used in turn: the copies into one never race the reads of
     // another (prefetch_slot). Rows of
@@ -386,14 +387,14 @@ __device__ __forceinline__ void backward_strip(
     // memory.
     constexpr int VPT = E / VEC;
     constexpr bool STAGED = VEC * sizeof(T) == 16;
-    constexpr int S = PER_BLOCK ? LN_BWD_ROWS_IN_FLIGHT
+    constexpr int S = PER_BLOCK ? LN_BWD_ROWS_IN_FLIGHT +
+                                      part_rows_more<T, CL>()
                       : sizeof(T) == 2 ? LN_BWD_WARP_ROWS_IN_FLIGHT_F16
                                        : LN_BWD_WARP_ROWS_IN_FLIGHT_F32;
-    constexpr int SV = slot_vectors<T>();  // slots a vector
     LN_DYNAMIC_SHARED(uint4, staged);
     const int nvec = row_vectors<T, VEC>(cols);
     float2* scratch =
-        reinterpret_cast<float2*>(staged + S * 2 * VPT * SV * blockDim.x);
+        reinterpret_cast<float2*>(past_prefetch<T, S, 2, VPT>(staged));
     int parity = 0;
     auto row_sum_of = [&](float2 v) {
         if constexpr (CL > 1) return cluster_sum<CL>(v, scratch, parity);
@@ -401,8 +402,8 @@ __device__ __forceinline__ void backward_strip(
         else return warp_sum(v);
     };
     auto slot = [&](int buffer, int tensor, int i) {
-        return prefetch_slot<2, VPT * SV>(staged, buffer, tensor,
-                                          i * SV);  // x, dy
+        return prefetch_slot_of<T, 2, VPT>(staged, buffer, tensor,
+                                           i);  // x, dy
     };
     auto prefetch = [&](long long row, int buffer) {
 #pragma unroll

@@ -24,6 +24,11 @@
 // a block of 128 threads, so that four blocks fit an SM's shared memory)
 #define LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
 #define LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4
+// ... and one more row (either pass) in float16 clusters of a tail (*_any,
+// *_odd), which lnorm.gpu.kernels.plan also gives float16 rows of 16-byte
+// vectors that fill their slices only in part: there a thread holds fewer
+// bytes of a row, and more rows in flight keep as many bytes in flight.
+#define LN_CLUSTER_PART_ROWS_MORE 1
 // v5's rows past registers: elements a thread takes
 #define LN_LONG_ELEMS_PER_THREAD 24
 // v5's rows longer still: a cluster of at most this many blocks (sm_90 and
@@ -363,6 +368,15 @@ template <> struct AnyAlign<half_odd> { static constexpr bool value = true; };
 template <typename T> struct OddRows { static constexpr bool value = false; };
 template <> struct OddRows<half_odd> { static constexpr bool value = true; };
 
+// The rows in flight v5's kernels of 16-byte vectors add to
+// LN_FWD_ROWS_IN_FLIGHT or LN_BWD_ROWS_IN_FLIGHT: LN_CLUSTER_PART_ROWS_MORE
+// for float16 clusters of a tail.
+template <typename T, int CL>
+__device__ constexpr int part_rows_more() {
+    return CL > 1 && sizeof(T) == 2 && AnyAlign<T>::value
+               ? LN_CLUSTER_PART_ROWS_MORE : 0;
+}
+
 // Elements of vector v (of VEC) within a row or slice of `cols`: VEC, or
 // the tail's count for the last vector of a row of any D.
 template <typename T, int VEC>
@@ -491,18 +505,25 @@ struct VecAny {
 // words around them: the 16 bytes that start one half before the vector
 // (one copy of 16 where that is on 16 bytes, else four of 4) into its
 // prefetch slot, and the word after them (the vector's last half and the
-// next vector's first) into a second slot, blockDim.x slots further on
-// (half_odd's slots take two rows of the buffer layout, prefetch_slot). A
-// tail of n halves (n odd) needs (n + 1) / 2 words there and no second
-// slot. A row on 4 bytes moves as half_any's, but for its tail: the word
-// of its last half would run past the row, so that one copies 2 bytes and
-// zeros (copy_async_2of4). The slot's reader shifts the halves of a row on
-// 2 bytes into place. Stores and the loads of gamma and beta go to global
-// memory by the same rule: 2-byte accesses for a half on its own, 4-byte
-// ones for two, 16-byte ones for a whole vector on 16 bytes. The columns,
-// the order and the bits are half_any's (and the vector kernels').
-template <typename T>
-__device__ constexpr int slot_vectors() { return OddRows<T>::value ? 2 : 1; }
+// next vector's first) into a word of its own (odd_word: half_odd's slots
+// are 20 bytes a thread, a row of 16-byte slots and then a row of words,
+// prefetch_slot_of). A tail of n halves (n odd) needs (n + 1) / 2 words
+// there and no word after. A row on 4 bytes moves as half_any's, but for
+// its tail: the word of its last half would run past the row, so that one
+// copies 2 bytes and zeros (copy_async_2of4). The slot's reader shifts the
+// halves of a row on 2 bytes into place. Stores and the loads of gamma and
+// beta go to global memory by the same rule: 2-byte accesses for a half on
+// its own, 4-byte ones for two, 16-byte ones for a whole vector on 16
+// bytes. The columns, the order and the bits are half_any's (and the vector
+// kernels').
+
+// The word after the 16-byte slot at p: in the row of words that follows
+// the row of slots p is in (this thread's, blockDim.x of them).
+__device__ __forceinline__ unsigned* odd_word(void* p) {
+    return reinterpret_cast<unsigned*>(reinterpret_cast<uint4*>(p) -
+                                       threadIdx.x + blockDim.x) +
+           threadIdx.x;
+}
 
 // Halves j and j + 1 of a vector's words w (j even: a word; odd: across two).
 __device__ __forceinline__ unsigned halves_at(const unsigned (&w)[5], int j) {
@@ -596,7 +617,7 @@ struct VecOdd {
 };
 
 // The copies of a vector of n halves at gmem (on 2 bytes) into its slot
-// and, for a whole vector on 2 bytes, the second slot (see above).
+// and, for a whole vector on 2 bytes, the word after it (see above).
 __device__ __forceinline__ void copy_async_odd(void* smem, const half_odd* gmem,
                                                int n) {
     const unsigned long long a = (unsigned long long)gmem;
@@ -609,8 +630,7 @@ __device__ __forceinline__ void copy_async_odd(void* smem, const half_odd* gmem,
         } else {
             for (int k = 0; k < words; ++k) copy_async_4(d + 4 * k, g + 4 * k);
         }
-        if (n == 8)
-            copy_async_4(reinterpret_cast<uint4*>(smem) + blockDim.x, g + 16);
+        if (n == 8) copy_async_4(odd_word(smem), g + 16);
     } else {
         const char* g = reinterpret_cast<const char*>(gmem);
         if (n == 8 && (a & 15) == 0) {
@@ -630,8 +650,7 @@ __device__ __forceinline__ void load_slot_odd(const half_odd* p,
     const uint4 m = *reinterpret_cast<const uint4*>(p);
     unsigned w[5] = {m.x, m.y, m.z, m.w, 0u};
     if ((unsigned long long)from & 2) {  // one half early: shift it out
-        w[4] = *reinterpret_cast<const unsigned*>(
-            reinterpret_cast<const uint4*>(p) + blockDim.x);
+        w[4] = *odd_word(const_cast<half_odd*>(p));
 #pragma unroll
         for (int k = 0; k < 4; ++k) w[k] = halves_at(w, 2 * k + 1);
     }
@@ -810,6 +829,31 @@ __device__ __forceinline__ uint4* prefetch_slot(uint4* staged, int buffer,
                                                 int tensor, int i) {
     return staged + ((buffer * TENSORS + tensor) * VPT + i) * blockDim.x
            + threadIdx.x;
+}
+// The same for storage type T: half_odd's slots are 20 bytes a thread, a
+// row of 16-byte slots, then a row of 4-byte words (odd_word); the rows of
+// one vector take 20 * blockDim.x bytes, a multiple of 16.
+template <typename T>
+__device__ constexpr int slot_words() { return OddRows<T>::value ? 5 : 4; }
+template <typename T, int TENSORS, int VPT>
+__device__ __forceinline__ uint4* prefetch_slot_of(uint4* staged, int buffer,
+                                                   int tensor, int i) {
+    if constexpr (OddRows<T>::value)
+        return reinterpret_cast<uint4*>(
+                   reinterpret_cast<unsigned*>(staged) +
+                   ((buffer * TENSORS + tensor) * VPT + i) * slot_words<T>() *
+                       blockDim.x) +
+               threadIdx.x;
+    else return prefetch_slot<TENSORS, VPT>(staged, buffer, tensor, i);
+}
+// Past the S buffers of TENSORS rows: the scratch of a cluster's row sums.
+template <typename T, int S, int TENSORS, int VPT>
+__device__ __forceinline__ uint4* past_prefetch(uint4* staged) {
+    if constexpr (OddRows<T>::value)
+        return reinterpret_cast<uint4*>(reinterpret_cast<unsigned*>(staged) +
+                                        S * TENSORS * VPT * slot_words<T>() *
+                                            blockDim.x);
+    else return staged + S * TENSORS * VPT * blockDim.x;
 }
 
 // The row loop of v5's kernels over a strip of rows_per_group rows, of which

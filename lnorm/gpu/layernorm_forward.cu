@@ -154,7 +154,8 @@ LN_VARIANTS(LN_FORWARD_KERNEL)
 // thread works on row k, its copies of rows k + 1, ..., k + S - 1 are in
 // flight into shared memory (cp.async), S = LN_FWD_ROWS_IN_FLIGHT buffers
 // used in turn (three: the forward's three row sums a row expose more
-// latency than the backward's one); a thread reads back only what its own
+// latency than the backward's one; one more in float16 clusters of a tail,
+// part_rows_more); a thread reads back only what its own
 // copies wrote, so no barrier is needed. Rows of scalars are
 // read from global memory. The arithmetic of a row is forward_row's, so the
 // bits are v4's forward's. With E = LN_LONG_ELEMS_PER_THREAD, the same for
@@ -182,8 +183,7 @@ __device__ __forceinline__ void layernorm_forward_grouped(
 {
     constexpr int VPT = E / VEC;
     constexpr bool STAGED = VEC * sizeof(T) == 16;
-    constexpr int S = LN_FWD_ROWS_IN_FLIGHT;
-    constexpr int SV = slot_vectors<T>();  // slots a vector
+    constexpr int S = LN_FWD_ROWS_IN_FLIGHT + part_rows_more<T, CL>();
     constexpr int SLICE = LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS;
     const int G = group_threads, P = blockDim.x / G;
     const int p = threadIdx.x / G, t = threadIdx.x % G;
@@ -199,7 +199,7 @@ __device__ __forceinline__ void layernorm_forward_grouped(
 
     LN_DYNAMIC_SHARED(uint4, staged);
     float* scratch =
-        reinterpret_cast<float*>(staged + S * VPT * SV * blockDim.x);
+        reinterpret_cast<float*>(past_prefetch<T, S, 1, VPT>(staged));
     int parity = 0;
     auto row_sum_of = [&](float v) {
         if constexpr (CL > 1) return cluster_sum<CL>(v, scratch, parity);
@@ -211,8 +211,8 @@ __device__ __forceinline__ void layernorm_forward_grouped(
         for (int i = 0; i < VPT; ++i) {
             const int v = t + i * G;
             if (v < nvec)
-                copy_vec<T, VEC>(prefetch_slot<1, VPT * SV>(staged, buffer,
-                                                            0, i * SV),
+                copy_vec<T, VEC>(prefetch_slot_of<T, 1, VPT>(staged, buffer,
+                                                             0, i),
                                  x + row * D + col0 + v * VEC,
                                  vector_elements<T, VEC>(v, cols));
         }
@@ -225,8 +225,8 @@ __device__ __forceinline__ void layernorm_forward_grouped(
             [&](int i, int v, float* xv, int n) {
                 if constexpr (STAGED)
                     vec_load_slot<T, VEC>(
-                        reinterpret_cast<const T*>(prefetch_slot<1, VPT * SV>(
-                            staged, buffer, 0, i * SV)),
+                        reinterpret_cast<const T*>(prefetch_slot_of<T, 1, VPT>(
+                            staged, buffer, 0, i)),
                         xv, n, x + row * D + col0 + v * VEC);
                 else
                     vec_load<T, VEC>(x + row * D + col0 + v * VEC, xv, n);

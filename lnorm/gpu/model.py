@@ -18,7 +18,8 @@ The kernel takes ``ceil(groups / C) * rows_per_group`` such steps. The first
 term is the bytes; the second is what a design that keeps the next row's
 loads in flight hides. With the loads of ``k`` rows in flight (v5's backward
 prefetches the next row into shared memory: ``k = 2``, more where a warp
-holds a row; v5's forward ``k = 3``), a group issues row
+holds a row; v5's forward ``k = 3``; one more in float16's clusters of a
+tail), a group issues row
 ``r + k - 1`` before it waits for row ``r``, so the memory is never idle for
 lack of requests and a step costs::
 
