@@ -284,6 +284,29 @@ def test_accuracy_is_flat_in_the_offset(host, offset, D):
     )
 
 
+def test_build_recompiles_only_the_edited_file(host, tmp_path):
+    """Each object is cached under what it reads: an edited copy of the
+    long-row file shares the other objects with the package's build (the
+    negative controls edit one file each), and an edit of the common file
+    changes every kernel object."""
+    gxx = shutil.which("g++")
+    package = cpu._objects(gxx)
+    src = modified_copy(tmp_path, kernels.LONG_FILE,
+                        lambda text: text + "\n// an edit\n")
+    edited = cpu._objects(gxx, source_dir=src)
+    long_unit = kernels.LONG_FILE.removesuffix(".cu")
+    assert edited.keys() == package.keys()
+    assert {n for n in package if edited[n] != package[n]} == {long_unit}
+    lib = cpu.build(source_dir=src)
+    assert lib.exists() and all(edited[n].exists() for n in edited)
+    assert cpu._objects(gxx, ("-O2",))["alloc"] != package["alloc"]  # flags
+    (tmp_path / kernels.COMMON_FILE).write_text(
+        (tmp_path / kernels.COMMON_FILE).read_text() + "\n// an edit\n")
+    common = cpu._objects(gxx, source_dir=src)
+    assert {n for n in package if common[n] != package[n]} == {
+        f.removesuffix(".cu") for f in kernels.KERNEL_FILES}
+
+
 def test_launch_checks_argument_kinds(host):
     with pytest.raises(TypeError, match="NumPy scalar"):
         host.launch("ln_bwd_reduce_params", (1,), (32, 8), (np.zeros(1), 1))

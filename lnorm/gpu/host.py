@@ -13,8 +13,9 @@ bit with :mod:`lnorm.gpu.emulate`, with no GPU. Compiled with sanitizer flags
 run in a process that preloads the sanitizer runtime:
 :func:`lnorm.gpu.host.run_in_subprocess`.
 
-Compiled libraries are cached in ``$LNORM_CUDA_HOST_CACHE`` (default
-``~/.cache/lnorm-cuda-host``), keyed by a hash of the sources and flags.
+Compiled libraries, and the object of each kernel file, are cached in
+``$LNORM_CUDA_HOST_CACHE`` (default ``~/.cache/lnorm-cuda-host``), keyed by a
+hash of the sources and flags.
 The chapter "One kernel: fused layer norm on the GPU" says what this run
 checks and what only a GPU can.
 
@@ -95,13 +96,26 @@ def _unit(filename: str) -> str:  # no path in it: equal sources give one cache 
     return "\n".join(lines) + "\n"
 
 
+def _hash(*parts) -> str:
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:24]
+
+
+def _prune(pattern: str, keep: int) -> None:
+    with contextlib.suppress(OSError):  # another process may be pruning too
+        for old in sorted(_cache_dir().glob(pattern), key=os.path.getmtime)[:-keep]:
+            old.unlink(missing_ok=True)
+
+
 def build(flags=(), source_dir=None) -> Path:
     r"""Compile the kernel files with g++ into a shared library (cached).
 
     One object per kernel file, each with a C entry point
     ``lnorm_launch_<kernel>`` per kernel, and an allocator; the library is
     cached under a hash of g++, the header, the sources and the flags, so an
-    unchanged build costs one hash.
+    unchanged build costs one hash. Each object is cached too, under the
+    hash of what it reads (its file and ``layernorm_common.cu``), so a build
+    from an edited copy of one kernel file (the tests' negative controls)
+    compiles that file alone.
 
     Parameters
     ----------
@@ -141,44 +155,59 @@ def build(flags=(), source_dir=None) -> Path:
     if gxx is None:
         raise RuntimeError("g++ is not on PATH")
     source_dir = Path(source_dir or SOURCE_DIR).resolve()
-    units = {Path(f).stem: _unit(f) for f in KERNEL_FILES}
-    units["alloc"] = _ALLOC_UNIT
-    st = os.stat(os.path.realpath(gxx))
-    texts = [(source_dir / f).read_text() for f in (COMMON_FILE, *KERNEL_FILES)]
-    key = repr((gxx, st.st_size, st.st_mtime, HEADER.read_text(), texts, units,
-                BASE_FLAGS, tuple(flags)))
-    out = _cache_dir() / (
-        f"lnorm-host-{hashlib.sha256(key.encode()).hexdigest()[:24]}.so"
-    )
+    units = _units(source_dir)
+    objects = _objects(gxx, flags, source_dir)
+    out = _cache_dir() / f"lnorm-host-{_hash(*sorted(map(str, objects.values())))}.so"
     if out.exists():
         os.utime(out)  # most recently used: kept by the pruning below
         return out
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         def compile_one(name: str) -> Path:
-            (Path(tmp) / f"{name}.cpp").write_text(units[name])
-            obj = Path(tmp) / f"{name}.o"
+            obj = objects[name]
+            if obj.exists():
+                os.utime(obj)
+                return obj
+            (Path(tmp) / f"{name}.cpp").write_text(units[name][0])
             cmd = [gxx, *BASE_FLAGS, *flags, f"-I{HEADER.parent}", f"-I{source_dir}",
-                   "-c", f"{tmp}/{name}.cpp", "-o", str(obj)]
+                   "-c", f"{tmp}/{name}.cpp", "-o", f"{tmp}/{name}.o"]
             done = subprocess.run(cmd, capture_output=True, text=True)
             if done.returncode:
                 raise RuntimeError(
                     f"g++ failed on {name}:\n{' '.join(cmd)}\n{done.stderr}"
                 )
+            os.replace(f"{tmp}/{name}.o", obj)  # atomic, as the library below
             return obj
 
         with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            objects = list(pool.map(compile_one, units))
+            built = list(pool.map(compile_one, units))
         lib = Path(tmp) / "lib.so"
-        cmd = [gxx, "-shared", *BASE_FLAGS, *flags, *map(str, objects), "-o", str(lib)]
+        cmd = [gxx, "-shared", *BASE_FLAGS, *flags, *map(str, built), "-o", str(lib)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"g++ failed to link:\n{done.stderr}")
         os.replace(lib, out)  # atomic: a concurrent build writes the same file
-    with contextlib.suppress(OSError):  # another process may be pruning too
-        for old in sorted(out.parent.glob("lnorm-host-*.so"),
-                          key=os.path.getmtime)[:-_KEEP]:
-            old.unlink(missing_ok=True)
+    _prune("lnorm-host-*.so", _KEEP)
+    _prune("lnorm-obj-*.o", 2 * _KEEP)
     return out
+
+
+def _units(source_dir: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """Each unit's text, and the texts it reads besides (header, sources)."""
+    common = (HEADER.read_text(), (source_dir / COMMON_FILE).read_text())
+    units = {Path(f).stem: (_unit(f), (*common, (source_dir / f).read_text()))
+             for f in KERNEL_FILES}
+    units["alloc"] = (_ALLOC_UNIT, ())
+    return units
+
+
+def _objects(gxx: str, flags=(), source_dir=None) -> dict[str, Path]:
+    """The cached object of each unit: named by the hash of g++, the flags and
+    what the unit reads."""
+    st = os.stat(os.path.realpath(gxx))
+    fixed = (gxx, st.st_size, st.st_mtime, BASE_FLAGS, tuple(flags))
+    units = _units(Path(source_dir or SOURCE_DIR).resolve())
+    return {name: _cache_dir() / f"lnorm-obj-{_hash(*fixed, *unit)}.o"
+            for name, unit in units.items()}
 
 
 @functools.cache
