@@ -21,9 +21,12 @@ from lnorm.gpu.run import FusedLayerNorm
 
 #: (launched under compute-sanitizer, checked bit for bit, timed)
 SETS = {
-    "clusters": (((3, 16384), (2, 20000), (2, 65536)),
-                 ((64, 16384), (17, 24576), (9, 40000), (33, 65536)),
-                 ((8192, 16384), (4096, 32768), (2048, 65536), (8192, 12288))),
+    # every slice full (16384, 32768, 65536), and slices filled in part (float16:
+    # the clusters' kernels of a tail, with a row more in flight)
+    "clusters": (((3, 16384), (2, 20000), (2, 32768), (2, 65536)),
+                 ((64, 16384), (17, 24576), (5, 32768), (9, 40000), (33, 65536)),
+                 ((8192, 16384), (4096, 32768), (2048, 65536), (8192, 12288),
+                  (8192, 20000))),
     # rows that start on 16, 12, 8 and 4 bytes; a tail of every length; float16
     # of odd D (rows on 2 bytes every other row) beside; past one block's
     # registers, a tail in one block (float16 9002) and in clusters of 2, 4
