@@ -906,7 +906,7 @@ def test_emulated_row_sum_of_a_tail_follows_the_kernel_order(D, dtype):
         np.float32
     )
     p = kernels.plan(6, D, dtype, "v5")
-    assert not p.aligned and p.vec == (4 if dtype == "float32" else 8)
+    assert not p.aligned and p.any_d and p.vec == (4 if dtype == "float32" else 8)
     got = emulate.row_sum(a, p)
     want = np.array([_lane_by_lane_row_sum(row, p) for row in a], dtype=np.float32)
     np.testing.assert_array_equal(got, want)
@@ -1034,7 +1034,7 @@ def test_v5_clusters_cover_rows_past_one_block(D, cluster, dtype):
     # float16 rows that fill their slices in part: the kernels of a tail
     full = D == cluster * kernels.max_D()
     suffix = "f32_v4" if dtype == "float32" else "f16_v8" if full else "f16_any"
-    assert p.aligned == (suffix != "f16_any")
+    assert p.aligned and p.any_d == (suffix == "f16_any")
     for direction, short in (("forward", "fwd"), ("backward", "bwd")):
         assert p.kernel(direction) == f"ln_{short}_grouped_cluster{cluster}_{suffix}"
         assert kernels.cluster_blocks(p.kernel(direction)) == cluster

@@ -530,9 +530,11 @@ class LaunchPlan:
         its start allows (``ln_*_grouped_{block|long|cluster<C>}_*_any``),
         or for float16 rows of odd ``D`` in 16, 4 and 2
         (``ln_*_grouped_{block|cluster<C>}_f16_odd``, :attr:`starts_on_2`).
-        False too for float16 rows of 16-byte vectors that fill a cluster's
-        slices only in part (``D < cluster * max_D()``): the kernels of a
-        tail take them, for the row in flight they add
+    any_d : bool, default False
+        v5's kernels of rows of any D take the rows (``*_any``, ``*_odd``):
+        where ``aligned`` is False, and for float16 rows of 16-byte vectors
+        that fill a cluster's slices only in part (``D < cluster *
+        max_D()``), for the row more those kernels keep in flight
         (:meth:`rows_in_flight`).
 
     See Also
@@ -564,6 +566,7 @@ class LaunchPlan:
     forward_rows_per_group: int = 0
     cluster: int = 1
     aligned: bool = True
+    any_d: bool = False
 
     @property
     def groups_per_block(self) -> int:
@@ -726,8 +729,8 @@ class LaunchPlan:
         rows in the forward, ``LN_BWD_ROWS_IN_FLIGHT`` in the backward (and
         ``LN_BWD_WARP_ROWS_IN_FLIGHT_F32`` or ``_F16`` where a warp holds a
         row: short rows, so more of them keep as many bytes in flight), one
-        shared-memory buffer each; float16 clusters of a tail (``aligned``
-        False: rows that fill their slices in part, so a thread holds fewer
+        shared-memory buffer each; float16 clusters of a tail (``any_d``:
+        rows that fill their slices in part, so a thread holds fewer
         bytes of a row) ``LN_CLUSTER_PART_ROWS_MORE`` more. The other
         kernels load one row at a time.
 
@@ -755,8 +758,10 @@ class LaunchPlan:
         >>> plan(10**6, 64, "float16", "v5").rows_in_flight("backward")  # warps
         4
         >>> p = plan(8192, 20000, "float16", "v5")  # 4 slices, the last empty
-        >>> p.cluster, p.aligned, [p.rows_in_flight(d) for d in ("forward", "backward")]
-        (4, False, [4, 3])
+        >>> p.cluster, p.aligned, p.any_d
+        (4, True, True)
+        >>> p.rows_in_flight("forward"), p.rows_in_flight("backward")
+        (4, 3)
         >>> plan(8192, 20001, "float16", "v5").rows_in_flight("forward")  # odd D
         4
         """
@@ -769,7 +774,7 @@ class LaunchPlan:
             key = "LN_BWD_ROWS_IN_FLIGHT"
         else:
             key = f"LN_BWD_WARP_ROWS_IN_FLIGHT_{_STORAGE[self.dtype].upper()}"
-        more = self.cluster > 1 and self.dtype == np.float16 and not self.aligned
+        more = self.cluster > 1 and self.dtype == np.float16 and self.any_d
         return c[key] + (c["LN_CLUSTER_PART_ROWS_MORE"] if more else 0)
 
     def _prefetch_bytes(self, direction: str, tensors: int) -> int:
@@ -970,8 +975,7 @@ class LaunchPlan:
             self.rung]
         mapping = (f"cluster{self.cluster}" if self.cluster > 1 else "long"
                    if self.chunks > 1 else "block" if self.per_block else "warp")
-        loads = (f"v{self.vec}" if self.aligned
-                 else "odd" if self.starts_on_2 else "any")
+        loads = ("odd" if self.starts_on_2 else "any") if self.any_d else f"v{self.vec}"
         return f"ln_{kind}_{mapping}_{_STORAGE[self.dtype]}_{loads}"
 
 
@@ -1200,7 +1204,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     already past ``max_D()``, but for float16 of even ``D``: one block's
     kernel of a tail would spill there; float16 rows of 16-byte vectors that
     fill the slices only in part take the cluster's kernels of a tail,
-    ``aligned`` False, for the row more they keep in flight). Its row sums
+    ``any_d``, for the row more they keep in flight). Its row sums
     then add the slices' sums in order, each summed as a row of ``max_D()``
     is: an order of its own, not v4's.
 
@@ -1377,7 +1381,8 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         backward_block=backward_block,
         forward_rows_per_group=forward_rows_per_group,
         cluster=cluster,
-        aligned=not tail,
+        aligned=D % vec == 0,
+        any_d=tail,
     )
 
 

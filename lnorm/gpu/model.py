@@ -162,7 +162,7 @@ H100 = Device("H100 SXM (model)", sm_count=132, bandwidth=3.0e12, latency=0.6e-6
 #: rows longer than ``max_D()``; ``"fwd_grouped_cluster<C>"``,
 #: ``"bwd_grouped_cluster<C>"``: v5's clusters of ``C`` blocks;
 #: A name ending in ``"_any"``: v5's kernel of the same family for rows of
-#: any D (a tail, ``LaunchPlan.aligned`` False), float32's but for
+#: any D (a tail, ``LaunchPlan.any_d``), float32's but for
 #: ``"_long_any"``, which only float16 has; in ``"_odd"``: float16's of odd
 #: D (``LaunchPlan.starts_on_2``).
 REGISTERS = {"fwd": 40, "bwd": 112, "fwd_long": 38, "bwd_long": 93,
@@ -439,7 +439,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     else:
         family = (f"_cluster{p.cluster}" if p.cluster > 1
                   else "_long" if p.chunks > 1 else "")
-        loads = "" if p.aligned else "_odd" if p.starts_on_2 else "_any"
+        loads = ("_odd" if p.starts_on_2 else "_any") if p.any_d else ""
         regs = REGISTERS[short + family + loads]
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd").bytes
