@@ -507,7 +507,7 @@ struct VecAny {
 // prefetch slot, and the word after them (the vector's last half and the
 // next vector's first) into a word of its own (odd_word: half_odd's slots
 // are 20 bytes a thread, a row of 16-byte slots and then a row of words,
-// prefetch_slot_of). A tail of n halves (n odd) needs (n + 1) / 2 words
+// odd_slot_row). A tail of n halves (n odd) needs (n + 1) / 2 words
 // there and no word after. A row on 4 bytes moves as half_any's, but for
 // its tail: the word of its last half would run past the row, so that one
 // copies 2 bytes and zeros (copy_async_2of4). The slot's reader shifts the
@@ -830,19 +830,20 @@ __device__ __forceinline__ uint4* prefetch_slot(uint4* staged, int buffer,
     return staged + ((buffer * TENSORS + tensor) * VPT + i) * blockDim.x
            + threadIdx.x;
 }
-// The same for storage type T: half_odd's slots are 20 bytes a thread, a
-// row of 16-byte slots, then a row of 4-byte words (odd_word); the rows of
-// one vector take 20 * blockDim.x bytes, a multiple of 16.
-template <typename T>
-__device__ constexpr int slot_words() { return OddRows<T>::value ? 5 : 4; }
+// half_odd's slots are 20 bytes a thread: each row of 16-byte slots is
+// followed by a row of 4-byte words (odd_word), 20 * blockDim.x bytes in
+// all, a multiple of 16. Where row `row` of them starts.
+__device__ __forceinline__ uint4* odd_slot_row(uint4* staged, int row) {
+    return reinterpret_cast<uint4*>(reinterpret_cast<unsigned*>(staged) +
+                                    row * 5 * blockDim.x);
+}
+// prefetch_slot for storage type T (the others' layout kept as it was
+// measured).
 template <typename T, int TENSORS, int VPT>
 __device__ __forceinline__ uint4* prefetch_slot_of(uint4* staged, int buffer,
                                                    int tensor, int i) {
     if constexpr (OddRows<T>::value)
-        return reinterpret_cast<uint4*>(
-                   reinterpret_cast<unsigned*>(staged) +
-                   ((buffer * TENSORS + tensor) * VPT + i) * slot_words<T>() *
-                       blockDim.x) +
+        return odd_slot_row(staged, (buffer * TENSORS + tensor) * VPT + i) +
                threadIdx.x;
     else return prefetch_slot<TENSORS, VPT>(staged, buffer, tensor, i);
 }
@@ -850,9 +851,7 @@ __device__ __forceinline__ uint4* prefetch_slot_of(uint4* staged, int buffer,
 template <typename T, int S, int TENSORS, int VPT>
 __device__ __forceinline__ uint4* past_prefetch(uint4* staged) {
     if constexpr (OddRows<T>::value)
-        return reinterpret_cast<uint4*>(reinterpret_cast<unsigned*>(staged) +
-                                        S * TENSORS * VPT * slot_words<T>() *
-                                            blockDim.x);
+        return odd_slot_row(staged, S * TENSORS * VPT);
     else return staged + S * TENSORS * VPT * blockDim.x;
 }
 
