@@ -1074,6 +1074,33 @@ def test_v5_clusters_take_strips_for_several_waves(rows, D, dtype):
     assert kernels.CLUSTER_WAVES > 1
 
 
+@pytest.mark.parametrize("rows, D, dtype", [
+    (2048, 16384, "float16"), (1024, 32768, "float16"), (512, 65536, "float16"),
+    (3000, 16384, "float16"), (1000, 12290, "float16"), (500, 20000, "float32"),
+    (5, 32768, "float32")])
+def test_v5_few_long_rows_fill_a_wave_of_clusters(rows, D, dtype):
+    """Where the budget's strip leaves clusters for less than one wave, the
+    backward's strip is the longest whose clusters fill the wave: past the
+    budget, and at these shapes faster by the model than the budget's."""
+    p = kernels.plan(rows, D, dtype, "v5")
+    assert p.cluster > 1
+    wave = kernels.wave_blocks(512) // p.cluster  # clusters in one wave
+    budget_strip = 1
+    while 16 / budget_strip > kernels.PARTIALS_BUDGET * 3 * p.dtype.itemsize:
+        budget_strip *= 2
+    assert -(-rows // budget_strip) < wave
+    assert p.row_groups <= wave
+    if p.rows_per_group > 1:  # a strip one row longer would leave SMs idle
+        assert -(-rows // (p.rows_per_group - 1)) > wave
+    assert p.rows_per_group < budget_strip
+    assert p.partials_bytes > kernels.PARTIALS_BUDGET * rows * D * 3 * p.dtype.itemsize
+    v5 = model.predict("backward", rows, D, dtype, rung="v5")
+    before = model.predict("backward", rows, D, dtype, rung="v5",
+                           rows_per_group=budget_strip)
+    assert v5.concurrent_groups == p.row_groups > before.concurrent_groups
+    assert v5.time < before.time
+
+
 def test_emulated_cluster_row_sum_adds_the_slices_in_order():
     """A row a cluster holds: each slice of max_D() summed as such a row, the
     slices' sums added left to right. Built so that the order shows: slice
@@ -1556,7 +1583,8 @@ def test_v5_budget_strips_fill_whole_waves(rows, D, dtype):
     whole waves of row groups and some over, the strip is lengthened to the
     shortest whose groups fit in k waves: no last wave of a few groups. The
     budget still holds, and by the model the backward is at least as fast as
-    with the budget's strip. Fewer groups than a wave keep the budget's."""
+    with the budget's strip. Fewer groups than a wave keep the budget's
+    (but clusters': test_v5_few_long_rows_fill_a_wave_of_clusters)."""
     p = kernels.plan(rows, D, dtype, "v5")
     v5 = model.predict("backward", rows, D, dtype, rung="v5")
     assert p.partials_bytes <= kernels.PARTIALS_BUDGET * v5.bytes
@@ -1568,7 +1596,7 @@ def test_v5_budget_strips_fill_whole_waves(rows, D, dtype):
                                  // p.cluster)
     whole = rows // (budget_strip * wave)
     if whole == 0:
-        assert p.rows_per_group == budget_strip
+        assert p.cluster == 1 and p.rows_per_group == budget_strip
         return
     assert p.row_groups <= whole * wave < -(-rows // (p.rows_per_group - 1))
     assert p.rows_per_group >= budget_strip

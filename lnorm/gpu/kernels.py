@@ -1194,7 +1194,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
     :data:`lnorm.gpu.kernels.WAVE_THREADS` threads; where the budget's strip
     already leaves ``k >= 1`` whole waves of row groups and some over, to
     the shortest whose groups fit in those ``k`` waves (a last wave of a few
-    groups would take as long as a full one). v3 has v4's strips. For
+    groups would take as long as a full one); where the budget's strip
+    leaves clusters (below) for less than one wave, to the longest whose
+    groups fill it (few long rows: idle SMs would cost more than the partial
+    sums, which then pass the budget). v3 has v4's strips. For
     rows past ``max_D()`` v5 has a block per row group, the row in ``chunks``
     as v4's long-row kernels take it (the same order of every sum), and takes
     rows of any length up to ``max_D("v5")``: past
@@ -1361,6 +1364,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
             # groups fill those waves, so that no last wave of a few groups
             # takes as long as a full one.
             rows_per_group = math.ceil(rows / (whole * wave))
+        elif cluster > 1 and math.ceil(rows / rows_per_group) < wave:
+            # Few long rows: the budget's clusters would leave SMs of the
+            # wave idle, which costs more than the partial rows.
+            rows_per_group = max(1, math.ceil(rows / wave))
         rows_per_group = max(rows_per_group, one_wave(WAVE_THREADS))
     row_groups = math.ceil(rows / rows_per_group)
     backward_grid = cluster * math.ceil(row_groups / groups_per_block)
