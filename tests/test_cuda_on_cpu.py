@@ -270,9 +270,16 @@ def test_leading_dimensions_zero_rows_and_determinism(host):
     assert (
         y.shape == (0, 7)
         and hi.shape == (0,)
+        and dgamma.shape == dbeta.shape == (7,)
         and (dgamma == 0).all()
         and (dbeta == 0).all()
     )
+    # without the second stage: no partial rows, as emulate.column_partials
+    for rung in ("v4", "v5"):
+        parts = host.backward(empty, empty, np.ones(7, np.float32), hi, lo,
+                              rstd, rung=rung, second_stage=False)[1:]
+        want = emulate.column_partials(empty, empty, hi, lo, rstd, rung=rung)
+        assert [a.shape for a in parts] == [w.shape for w in want] == [(0, 7)] * 2
 
 
 @pytest.mark.parametrize("D", [1024, 12288])

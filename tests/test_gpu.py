@@ -1555,6 +1555,19 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
     assert fused.takes(4, 12288, "float16", "v5") and fused.takes(4, 12288, "float32")
     assert not fused.takes(4, 12288, "float32", "v3")  # the plan refuses it
 
+    # No rows: no launch; sums over no rows, or no partial rows at all
+    empty, none = np.zeros((0, 7), np.float32), np.zeros(0, np.float32)
+    launches.clear()
+    for rung in ("v4", "v5"):
+        for second_stage, shape in ((True, (7,)), (False, (0, 7))):
+            dx, dgamma, dbeta = fused.backward(
+                empty, empty, np.ones(7, np.float32), none, none, none,
+                rung=rung, second_stage=second_stage)
+            assert dx.shape == (0, 7)
+            assert dgamma.shape == dbeta.shape == shape
+            assert not dgamma.any() and not dbeta.any()
+    assert launches == []
+
 
 # --- the time model ------------------------------------------------------------------
 

@@ -547,9 +547,10 @@ class HostLayerNorm:
         p = check_backward_args(*arrays, rung=rung)
         if not second_stage and rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
-        if p.rows == 0:
-            return (np.empty_like(arrays[1]), np.zeros(p.D, np.float32),
-                    np.zeros(p.D, np.float32))
+        if p.rows == 0:  # sums over no rows (no partial rows)
+            shape = p.D if second_stage else (0, p.D)
+            return (np.empty_like(arrays[1]), np.zeros(shape, np.float32),
+                    np.zeros(shape, np.float32))
         name, grid, block, ints = p.backward_launch()
         with self.buffers() as new:
             ins = [new(a.shape, a.dtype, a) for a in arrays]

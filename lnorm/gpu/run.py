@@ -369,8 +369,10 @@ class FusedLayerNorm:
         if not second_stage and rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
         dx = cp.empty_like(x)
-        if p.rows == 0:  # sums over no rows
-            return dx, cp.zeros(p.D, dtype=cp.float32), cp.zeros(p.D, dtype=cp.float32)
+        if p.rows == 0:  # sums over no rows (no partial rows)
+            shape = p.D if second_stage else (0, p.D)
+            return (dx, cp.zeros(shape, dtype=cp.float32),
+                    cp.zeros(shape, dtype=cp.float32))
         name, grid, block, ints = p.backward_launch()
         ins = (dy, x, gamma, mean_hi, mean_lo, rstd, dx)
         if rung == "v3":  # into dgamma and dbeta, which start at zero
