@@ -22,9 +22,12 @@ from lnorm.gpu.run import FusedLayerNorm
 #: (launched under compute-sanitizer, checked bit for bit, timed)
 SETS = {
     # every slice full (16384, 32768, 65536), and slices filled in part (float16:
-    # the clusters' kernels of a tail, with a row more in flight)
+    # the clusters' kernels of a tail, with a row more in flight); checked
+    # with enough rows for backward strips of 4 and 5 rows (fewer rows take
+    # strips of one, a cluster each)
     "clusters": (((3, 16384), (2, 20000), (2, 32768), (2, 65536)),
-                 ((64, 16384), (17, 24576), (5, 32768), (9, 40000), (33, 65536)),
+                 ((200, 16384), (100, 24576), (100, 32768), (64, 40000),
+                  (66, 65536)),
                  ((8192, 16384), (4096, 32768), (2048, 65536), (8192, 12288),
                   (8192, 20000))),
     # rows that start on 16, 12, 8 and 4 bytes; a tail of every length; float16
@@ -35,8 +38,8 @@ SETS = {
     "tails": (((5, 7), (3, 1030), (2, 4100), (3, 1031), (2, 9002), (3, 9001),
                (2, 20002)),
               ((64, 1), (33, 2), (70, 7), (40, 1030), (17, 4099), (9, 4100),
-               (5, 8190), (9, 9002), (5, 12290), (3, 20002), (2, 65530),
-               (9, 9001), (3, 20001), (2, 65531)),
+               (5, 8190), (9, 9002), (200, 12290), (100, 20002), (66, 65530),
+               (200, 9001), (100, 20001), (66, 65531)),
               ((8192, 1024), (8192, 1030), (8192, 4096), (8192, 4100),
                (8192, 4095), (8192, 8190), (8192, 9002), (8192, 12290),
                (8192, 9001), (4096, 32770))),
@@ -68,6 +71,7 @@ for rows, D in CHECKED:
         p = plan(rows, D, dt, "v5")
         out["bit_checks"].append({
             "rows": rows, "D": D, "dtype": dt, "cluster": p.cluster,
+            "rows_per_group": p.rows_per_group,
             "kernel_forward": p.kernel("forward"),
             "kernel_backward": p.kernel("backward"),
             "bytes_differing": diff, "equal": not any(diff.values()),

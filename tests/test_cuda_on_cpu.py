@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -91,6 +90,18 @@ def run_both(host, inp: dict, rung: str = "v4") -> tuple[dict, dict]:
     with np.errstate(all="ignore"):
         want = check.forward_backward(emulate.forward, emulate.backward, inp, rung)
     return check.forward_backward(host.forward, host.backward, inp, rung), want
+
+
+def backward_kernel(host, p, dy, x, g, stats) -> list[np.ndarray]:
+    """The backward kernel of plan ``p`` alone (``p.with_strip(r)``: strips of
+    ``r`` rows), on the CPU: ``dx`` and the partial rows of dgamma, dbeta."""
+    name, grid, block, ints = p.backward_launch()
+    with host.buffers() as new:
+        ins = [new(a.shape, a.dtype, a) for a in (dy, x, g, *stats)]
+        outs = [new(x.shape, x.dtype),
+                *(new((p.partial_rows, p.D), np.float32) for _ in "gb")]
+        host.launch(name, grid, block, (*ins, *outs, *ints), p.backward_shared_bytes)
+        return [o.copy() for o in outs]
 
 
 #: v3, the backward with atomics: (rows, D) of every mapping and load width,
@@ -348,6 +359,15 @@ def test_v5_clusters_equal_emulation_bit_for_bit(host, rows, D, dtype):
     assert_same_bits(got, want, f"v5 clusters of {p.cluster}, rows={rows}, D={D}",
                      nan_payload=False)
     assert np.isnan(got["y"][-1]).all() and np.isfinite(got["y"][0]).all()
+    # The plan's strips of so few rows are of one row, a cluster each; one
+    # cluster's strip of every row as well, as more rows take it
+    assert p.rows_per_group == 1 < rows
+    got = dict(zip(keys[4:], backward_kernel(host, p.with_strip(rows), dy, x, g,
+                                             stats)))
+    with np.errstate(all="ignore"):
+        parts = emulate.column_partials(dy, x, *stats, rung="v5", rows_per_group=rows)
+    assert_same_bits(got, dict(zip(keys[4:], (dx, *parts))),
+                     f"one cluster's strip, rows={rows}, D={D}", nan_payload=False)
 
 
 @pytest.mark.slow
@@ -379,22 +399,11 @@ def test_cluster_rows_in_flight_wrap_around_their_buffers(host, D):
     for k, gk, wk in zip(("y", "mean_hi", "mean_lo", "rstd"), got, want):
         assert gk.tobytes() == wk.tobytes(), k
     stats = want[1:]
-    name, _, block, ints = p.backward_launch()
-    ints = (*ints[:2], np.int32(rows), ints[3])  # rows_per_group: every row
-    with host.buffers() as new:
-        ins = [new(a.shape, a.dtype, a) for a in (dy, x, g, *stats)]
-        outs = [new(x.shape, x.dtype), *(new((1, D), np.float32) for _ in "gb")]
-        host.launch(name, (p.cluster,), block, (*ins, *outs, *ints),
-                    p.backward_shared_bytes)
-        got = [o.copy() for o in outs]
-    dx = emulate.backward(dy, x, g, *stats, rung="v5")[0]
-    assert got[0].tobytes() == dx.tobytes()
-    one = replace(p, rows_per_group=rows, row_groups=1, backward_grid=p.cluster)
-    hi, lo, rstd = (s.astype(np.float32).reshape(rows, 1) for s in stats)
-    dy32 = dy.astype(np.float32)
-    xhat = ((x.astype(np.float32) - hi) - lo) * rstd
-    for k, gk, term in (("dgamma", got[1], dy32 * xhat), ("dbeta", got[2], dy32)):
-        wk = emulate.block_partials(emulate.strip_sums(term, one), one)
+    got = backward_kernel(host, p.with_strip(rows), dy, x, g, stats)
+    want = (emulate.backward(dy, x, g, *stats, rung="v5")[0],
+            *emulate.column_partials(dy, x, *stats, rung="v5", rows_per_group=rows))
+    assert got[1].shape == (1, D)
+    for k, gk, wk in zip(("dx", "dgamma_part", "dbeta_part"), got, want):
         assert gk.tobytes() == wk.tobytes(), k
 
 

@@ -49,9 +49,13 @@ SHAPES = (
 #: and a fourth empty (float16: the kernel of a tail, for its row more in
 #: flight); then the same clusters with a tail in the last slice, in float32
 #: and float16: rows that start on 4 bytes (12290, 20002, 65530) and float16
-#: rows that start on 2 bytes every other row (12291, 20001, 65531).
+#: rows that start on 2 bytes every other row (12291, 20001, 65531). So few
+#: rows take backward strips of one row, a cluster each (fewer clusters than
+#: a wave); the last three shapes have enough rows for strips of four and
+#: five rows in clusters of 2, 4 and 8, longer than the rows in flight.
 CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 32768), (2, 65536), (3, 12290),
-                  (2, 20002), (2, 65530), (3, 12291), (2, 20001), (2, 65531))
+                  (2, 20002), (2, 65530), (3, 12291), (2, 20001), (2, 65531),
+                  (200, 16384), (100, 32768), (66, 65536))
 
 
 def _host(a) -> np.ndarray:

@@ -288,8 +288,9 @@ def _partials(p: LaunchPlan, dy32: np.ndarray, xhat: np.ndarray) -> tuple:
     return parts
 
 
-def column_partials(dy, x, mean_hi, mean_lo, rstd, *,
-                    rung: str = "v4") -> tuple[np.ndarray, np.ndarray]:
+def column_partials(dy, x, mean_hi, mean_lo, rstd, *, rung: str = "v4",
+                    rows_per_group: int | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     r"""Return the partial rows of ``dy * xhat`` and ``dy`` the backward kernel writes.
 
     The row groups' column sums over their strips (v3: what its atomics
@@ -305,6 +306,10 @@ def column_partials(dy, x, mean_hi, mean_lo, rstd, *,
         As :func:`lnorm.gpu.emulate.forward` returns them.
     rung : {"v4", "v3", "v5"}, default "v4"
         Whose partial rows.
+    rows_per_group : int, optional
+        The strip, if not the plan's
+        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): the partial rows
+        of a launch with other strips.
 
     Returns
     -------
@@ -323,9 +328,14 @@ def column_partials(dy, x, mean_hi, mean_lo, rstd, *,
     >>> dgamma_part, dbeta_part = column_partials(np.ones_like(x), x, hi, lo, rstd)
     >>> dbeta_part[:, 0].tolist()  # strips of 16, 16 and 8 rows
     [16.0, 16.0, 8.0]
+    >>> column_partials(np.ones_like(x), x, hi, lo, rstd,
+    ...                 rows_per_group=32)[1][:, 0].tolist()
+    [32.0, 8.0]
     """
     p = plan(int(np.prod(np.shape(x)[:-1])), np.shape(x)[-1], np.asarray(x).dtype,
              rung)
+    if rows_per_group is not None:
+        p = p.with_strip(rows_per_group)
     dy32, xhat, _ = _terms(p, dy, x, mean_hi, mean_lo, rstd)
     return _partials(p, dy32, xhat)
 

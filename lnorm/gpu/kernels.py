@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -585,6 +585,50 @@ class LaunchPlan:
         8
         """
         return (self.backward_block or self.block) // self.threads_per_row
+
+    def with_strip(self, rows_per_group: int) -> LaunchPlan:
+        r"""Return this plan with backward strips of ``rows_per_group`` rows.
+
+        The row groups, the backward's grid and the partial rows follow the
+        strip: ``row_groups = ceil(rows / rows_per_group)``, the groups in
+        blocks of :attr:`groups_per_block` (clusters: ``cluster`` blocks a
+        group). The kernels take any strip; the bits of ``dgamma`` and
+        ``dbeta`` follow it (the order of the column sums), ``dx``'s do not.
+        For designs the plan does not choose (:func:`lnorm.gpu.model.predict`),
+        and for tests that want strips of several rows where the plan's are
+        of one.
+
+        Parameters
+        ----------
+        rows_per_group : int
+            Rows of each strip, at least 1.
+
+        Returns
+        -------
+        LaunchPlan
+            A copy; ``self`` is unchanged.
+
+        Raises
+        ------
+        ValueError
+            ``rows_per_group`` below 1.
+
+        Examples
+        --------
+        >>> p = plan(2048, 16384, "float16", "v5")  # strips of 32: 64 clusters
+        >>> p.rows_per_group, p.partial_rows
+        (32, 64)
+        >>> q = p.with_strip(64)
+        >>> q.rows_per_group, q.row_groups, q.backward_grid, q.partial_rows
+        (64, 32, 64, 32)
+        """
+        rows_per_group = int(rows_per_group)
+        if rows_per_group < 1:
+            raise ValueError(f"rows_per_group must be >= 1; got {rows_per_group}.")
+        groups = math.ceil(self.rows / rows_per_group)
+        return replace(self, rows_per_group=rows_per_group, row_groups=groups,
+                       backward_grid=self.cluster * math.ceil(
+                           groups / self.groups_per_block))
 
     @property
     def partial_rows(self) -> int:

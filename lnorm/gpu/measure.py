@@ -573,7 +573,7 @@ def bit_checks(fused) -> list[dict]:
     --------
     >>> from lnorm.gpu import check
     >>> len(((64, 1), (3, 2), *check.SHAPES, *check.CLUSTER_SHAPES)) * len(DTYPES)
-    42
+    48
     >>> from lnorm.gpu.run import FusedLayerNorm, available
     >>> if available()[0]:  # a GPU: every bit equal
     ...     assert all(c["equal"] for c in bit_checks(FusedLayerNorm()))
@@ -870,7 +870,7 @@ def launch_only(fused) -> int:
     >>> shapes = ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES, *check.CLUSTER_SHAPES)
     >>> n = len(shapes) * len(DTYPES)
     >>> n
-    46
+    52
     >>> if available()[0]:  # a GPU: that many pairs launched
     ...     assert launch_only(FusedLayerNorm()) == n
     """

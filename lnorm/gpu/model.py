@@ -63,7 +63,7 @@ Examples
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -449,10 +449,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
                 "rows_per_group must be a positive int, for the backward of rows "
                 f"up to max_D(); got {rows_per_group!r} (D = {D})."
             )
-        groups = max(math.ceil(rows / rows_per_group), 1)
-        p = replace(p, rows_per_group=rows_per_group, row_groups=groups,
-                    backward_grid=p.cluster * math.ceil(
-                        groups / p.groups_per_block))
+        p = p.with_strip(rows_per_group)
     if direction == "forward" and rung != "v5":  # a row per group
         groups, per_group, per_block = rows, 1, (1 if p.per_block else 4)
         block = p.block
