@@ -1101,6 +1101,36 @@ def test_v5_few_long_rows_fill_a_wave_of_clusters(rows, D, dtype):
     assert v5.time < before.time
 
 
+@pytest.mark.parametrize("rung", ["v4", "v5"])
+def test_emulated_backward_takes_other_strips(rung):
+    """``rows_per_group``: the same dx bits; dgamma and dbeta the second stage's
+    sums of that strip's partial rows, which the plan's strip orders otherwise."""
+    rows, D = 70, 1030
+    inp = check.make_inputs(rows, D, "float32", seed=3)
+    x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
+    stats = emulate.forward(x, g, b, rung=rung)[1:]
+    base = emulate.backward(dy, x, g, *stats, rung=rung)
+    p = kernels.plan(rows, D, "float32", rung)
+    for r in (1, 7, rows):
+        q = p.with_strip(r)
+        assert (q.rows_per_group, q.row_groups) == (r, -(-rows // r))
+        assert q.partial_rows == (q.row_groups if rung == "v4"
+                                  else -(-q.row_groups // q.groups_per_block))
+        got = emulate.backward(dy, x, g, *stats, rung=rung, rows_per_group=r)
+        parts = emulate.column_partials(dy, x, *stats, rung=rung, rows_per_group=r)
+        assert parts[0].shape == (q.partial_rows, D)
+        slices = q.reduce_launch()[2][1]
+        assert got[0].tobytes() == base[0].tobytes()
+        for k in (1, 2):
+            want = emulate.reduce_partials(parts[k - 1], slices)
+            assert got[k].tobytes() == want.tobytes()
+            np.testing.assert_allclose(got[k], base[k], rtol=1e-5, atol=1e-4)
+    assert not np.array_equal(
+        emulate.backward(dy, x, g, *stats, rung=rung, rows_per_group=1)[1], base[1])
+    with pytest.raises(ValueError, match="rows_per_group"):
+        p.with_strip(0)
+
+
 def test_emulated_cluster_row_sum_adds_the_slices_in_order():
     """A row a cluster holds: each slice of max_D() summed as such a row, the
     slices' sums added left to right. Built so that the order shows: slice
@@ -1518,6 +1548,15 @@ def test_launch_arguments_match_the_kernel_signatures(monkeypatch):
         assert alone == name and part_g.shape == (p5.partial_rows, D)
         assert alone_named["dgamma_part"] is part_g
         assert alone_named["dbeta_part"] is part_b
+        # another strip: the kernel's argument, grid and partial rows follow
+        launches.clear()
+        _, part_g, _ = fused.backward(inp["dy"], inp["x"], inp["gamma"], hi, lo,
+                                      rstd, rung="v5", second_stage=False,
+                                      rows_per_group=1)
+        ((alone, grid1, _, args1),) = launches
+        q = p5.with_strip(1)
+        assert dict(zip(params[alone], args1))["rows_per_group"] == 1
+        assert grid1 == (q.backward_grid,) and part_g.shape == (q.partial_rows, D)
         if "v3" in rungs:  # which has no second stage to leave out
             launches.clear()
             with pytest.raises(ValueError, match="no second stage"):

@@ -431,6 +431,7 @@ def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
 def backward(
     dy: np.ndarray, x: np.ndarray, gamma: np.ndarray, mean_hi: np.ndarray,
     mean_lo: np.ndarray, rstd: np.ndarray, *, rung: str = "v4", order=None,
+    rows_per_group: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Emulate the fused backward kernel and the dgamma/dbeta reduction.
 
@@ -456,6 +457,10 @@ def backward(
     order : sequence of int, optional
         v3: the order the row groups finish in (default: index order, as the
         CPU-run kernels of one group per block add).
+    rows_per_group : int, optional
+        The backward's strip, if not the plan's
+        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): ``dx`` is the
+        same, ``dgamma`` and ``dbeta`` follow the strip's order.
 
     Returns
     -------
@@ -490,6 +495,8 @@ def backward(
     p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung)
     if order is not None and rung != "v3":
         raise ValueError(f"order is for rung='v3' (atomics); got rung={rung!r}.")
+    if rows_per_group is not None:
+        p = p.with_strip(rows_per_group)
     dy32, xhat, rs = _terms(p, dy, x, mean_hi, mean_lo, rstd)
     g = np.asarray(gamma, F32) * dy32
     D = F32(p.D)

@@ -486,7 +486,8 @@ class HostLayerNorm:
             return tuple(o.copy() for o in outs)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
-                 rung: str = "v4", second_stage: bool = True) -> tuple:
+                 rung: str = "v4", second_stage: bool = True,
+                 rows_per_group: int | None = None) -> tuple:
         r"""Run the fused backward and the dgamma/dbeta reduction on the CPU.
 
         The launches of :meth:`lnorm.gpu.run.FusedLayerNorm.backward`, on
@@ -510,6 +511,11 @@ class HostLayerNorm:
             False (v4, v5): stop after the backward kernel and return its
             partial rows instead of dgamma and dbeta (over long rows the
             second stage is most of the CPU's time).
+        rows_per_group : int, optional
+            The backward's strip, if not the plan's
+            (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): ``dx`` is the
+            same, ``dgamma`` and ``dbeta`` follow the strip's order. For tests
+            and experiments; the plan's strips are the fast ones.
 
         Returns
         -------
@@ -547,6 +553,8 @@ class HostLayerNorm:
         p = check_backward_args(*arrays, rung=rung)
         if not second_stage and rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
+        if rows_per_group is not None:
+            p = p.with_strip(rows_per_group)
         if p.rows == 0:  # sums over no rows (no partial rows)
             shape = p.D if second_stage else (0, p.D)
             return (np.empty_like(arrays[1]), np.zeros(shape, np.float32),

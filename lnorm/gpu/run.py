@@ -295,7 +295,8 @@ class FusedLayerNorm:
         kernel(grid, block, args, shared_mem=shared)
 
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
-                 rung: str = "v4", second_stage: bool = True) -> tuple:
+                 rung: str = "v4", second_stage: bool = True,
+                 rows_per_group: int | None = None) -> tuple:
         r"""Run the fused backward, then the deterministic reduction of dgamma, dbeta.
 
         Two launches: the backward kernel writes ``dx`` and the
@@ -322,6 +323,11 @@ class FusedLayerNorm:
             False (v4, v5): stop after the backward kernel and return its
             partial rows instead of dgamma and dbeta, as
             :meth:`lnorm.gpu.host.HostLayerNorm.backward` does.
+        rows_per_group : int, optional
+            The backward's strip, if not the plan's
+            (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): ``dx`` is the
+            same, ``dgamma`` and ``dbeta`` follow the strip's order. For tests
+            and experiments; the plan's strips are the fast ones.
 
         Returns
         -------
@@ -368,6 +374,8 @@ class FusedLayerNorm:
         p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung)
         if not second_stage and rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
+        if rows_per_group is not None:
+            p = p.with_strip(rows_per_group)
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows (no partial rows)
             shape = p.D if second_stage else (0, p.D)
