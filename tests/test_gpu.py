@@ -8,7 +8,6 @@ tests that launch kernels skip with the reason lnorm.gpu.available() gives.
 
 import functools
 import json
-import math
 import re
 import subprocess
 import sys
@@ -36,6 +35,18 @@ GROUPED_LONG = re.compile(r"ln_(fwd|bwd)_grouped_long_(f32|f16)_v(\d)")
 CLUSTER = re.compile(
     r"ln_(fwd|bwd)_grouped_cluster([248])_(f32_v4|f16_v8|f32_any|f16_any|f16_odd)")
 ITEMSIZE = {"f32": 4, "f16": 2}
+
+
+def _budget_strip(p) -> int:
+    """v5's backward strip as the partials budget sets it (the plan's, before
+    waves): from one row (LN_LONG_STRIP for a block's long rows), doubled
+    while a block's partial row is more than PARTIALS_BUDGET of the bytes."""
+    strip = C["LN_LONG_STRIP"] if p.chunks > 1 and p.cluster == 1 else 1
+    while 16 / (p.groups_per_block * strip) > (
+            kernels.PARTIALS_BUDGET * 3 * p.dtype.itemsize):
+        strip *= 2
+    return strip
+
 
 # The shapes the book checks (every kernel variant), and rows of one element.
 SHAPES = [(64, 1), *check.SHAPES]
@@ -1065,9 +1076,8 @@ def test_v5_clusters_take_strips_for_several_waves(rows, D, dtype):
     than the partial sums' budget allows), not one as the other rungs do."""
     p = kernels.plan(rows, D, dtype, "v5")
     wave = kernels.wave_blocks(512) // p.cluster  # clusters in one wave
-    budget = 16 / (kernels.PARTIALS_BUDGET * 3 * p.dtype.itemsize)
-    floor = 1 << math.ceil(math.log2(budget))  # the doubled strip
-    assert p.rows_per_group == max(floor, -(-rows // (kernels.CLUSTER_WAVES * wave)))
+    assert p.rows_per_group == max(_budget_strip(p),
+                                   -(-rows // (kernels.CLUSTER_WAVES * wave)))
     assert p.partials_bytes <= kernels.PARTIALS_BUDGET * rows * D * 3 * p.dtype.itemsize
     fwd_wave = kernels.wave_blocks(512, 128 * C["LN_FWD_THREADS_PER_SM"]) // p.cluster
     assert p.forward_grid // p.cluster == kernels.CLUSTER_WAVES * fwd_wave
@@ -1085,9 +1095,7 @@ def test_v5_few_long_rows_fill_a_wave_of_clusters(rows, D, dtype):
     p = kernels.plan(rows, D, dtype, "v5")
     assert p.cluster > 1
     wave = kernels.wave_blocks(512) // p.cluster  # clusters in one wave
-    budget_strip = 1
-    while 16 / budget_strip > kernels.PARTIALS_BUDGET * 3 * p.dtype.itemsize:
-        budget_strip *= 2
+    budget_strip = _budget_strip(p)
     assert -(-rows // budget_strip) < wave
     assert p.row_groups <= wave
     if p.rows_per_group > 1:  # a strip one row longer would leave SMs idle
@@ -1640,10 +1648,7 @@ def test_v5_budget_strips_fill_whole_waves(rows, D, dtype):
     p = kernels.plan(rows, D, dtype, "v5")
     v5 = model.predict("backward", rows, D, dtype, rung="v5")
     assert p.partials_bytes <= kernels.PARTIALS_BUDGET * v5.bytes
-    budget_strip = 1 if p.chunks == 1 or p.cluster > 1 else C["LN_LONG_STRIP"]
-    while 16 / (p.groups_per_block * budget_strip) > (
-            kernels.PARTIALS_BUDGET * 3 * np.dtype(dtype).itemsize):
-        budget_strip *= 2
+    budget_strip = _budget_strip(p)
     wave = p.groups_per_block * (kernels.wave_blocks(p.backward_block)
                                  // p.cluster)
     whole = rows // (budget_strip * wave)
@@ -1707,10 +1712,7 @@ def test_v5_strips_fill_one_wave(rows, D):
         p = kernels.plan(rows, D, dtype, "v5")
         v5 = model.predict("backward", rows, D, dtype, rung="v5")
         assert p.partials_bytes <= kernels.PARTIALS_BUDGET * v5.bytes
-        budget_strip = 1 if p.chunks == 1 else C["LN_LONG_STRIP"]
-        while 16 / (p.groups_per_block * budget_strip) > (
-                kernels.PARTIALS_BUDGET * 3 * np.dtype(dtype).itemsize):
-            budget_strip *= 2
+        budget_strip = _budget_strip(p)
         block = p.backward_block or p.block
 
         def blocks(strip):

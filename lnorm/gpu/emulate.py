@@ -492,11 +492,10 @@ def backward(
     >>> float(abs(dx).max()), dbeta.tolist()
     (0.0, [2.0, 2.0, 2.0, 2.0])
     """
-    p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung)
+    p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung,
+                            rows_per_group=rows_per_group)
     if order is not None and rung != "v3":
         raise ValueError(f"order is for rung='v3' (atomics); got rung={rung!r}.")
-    if rows_per_group is not None:
-        p = p.with_strip(rows_per_group)
     dy32, xhat, rs = _terms(p, dy, x, mean_hi, mean_lo, rstd)
     g = np.asarray(gamma, F32) * dy32
     D = F32(p.D)

@@ -550,11 +550,9 @@ class HostLayerNorm:
         ...     assert all(np.array_equal(a, w) for a, w in zip(got, want))
         """
         arrays = [np.asarray(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd)]
-        p = check_backward_args(*arrays, rung=rung)
+        p = check_backward_args(*arrays, rung=rung, rows_per_group=rows_per_group)
         if not second_stage and rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
-        if rows_per_group is not None:
-            p = p.with_strip(rows_per_group)
         if p.rows == 0:  # sums over no rows (no partial rows)
             shape = p.D if second_stage else (0, p.D)
             return (np.empty_like(arrays[1]), np.zeros(shape, np.float32),

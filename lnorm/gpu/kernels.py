@@ -1413,9 +1413,7 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
             # wave idle, which costs more than the partial rows.
             rows_per_group = max(1, math.ceil(rows / wave))
         rows_per_group = max(rows_per_group, one_wave(WAVE_THREADS))
-    row_groups = math.ceil(rows / rows_per_group)
-    backward_grid = cluster * math.ceil(row_groups / groups_per_block)
-    return LaunchPlan(
+    return LaunchPlan(  # the row groups and the grid of the strip: with_strip
         rows=rows,
         D=D,
         dtype=dtype,
@@ -1425,16 +1423,16 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
         threads_per_row=threads,
         block=block,
         forward_grid=forward_grid,
-        row_groups=row_groups,
+        row_groups=0,
         rows_per_group=rows_per_group,
-        backward_grid=backward_grid,
+        backward_grid=0,
         rung=rung,
         backward_block=backward_block,
         forward_rows_per_group=forward_rows_per_group,
         cluster=cluster,
         aligned=D % vec == 0,
         any_d=tail,
-    )
+    ).with_strip(rows_per_group)
 
 
 def _check_param(p, name: str, D: int, dtype: np.dtype) -> None:
@@ -1515,7 +1513,8 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5, *,
 
 
 def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,
-                        rung: str = "v4") -> LaunchPlan:
+                        rung: str = "v4",
+                        rows_per_group: int | None = None) -> LaunchPlan:
     r"""Validate backward arguments and return the plan.
 
     Parameters
@@ -1528,17 +1527,20 @@ def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,
         The row statistics, as the forward returns them.
     rung : {"v4", "v3", "v5"}, default "v4"
         The backward kernel, as :func:`lnorm.gpu.kernels.plan` takes it.
+    rows_per_group : int, optional
+        The backward's strip, if not the plan's
+        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`).
 
     Returns
     -------
     LaunchPlan
-        The plan of ``x`` for ``rung``.
+        The plan of ``x`` for ``rung`` (with that strip).
 
     Raises
     ------
     ValueError
         A shape that does not match, or a shape or rung
-        :func:`lnorm.gpu.kernels.plan` refuses.
+        :func:`lnorm.gpu.kernels.plan` refuses; ``rows_per_group`` below 1.
     TypeError
         A dtype other than float32 or float16, a dtype that does not match,
         or statistics not float32.
@@ -1578,4 +1580,4 @@ def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,
             raise TypeError(
                 f"{name} must be float32, as the forward returns it; got {s.dtype}."
             )
-    return p
+    return p if rows_per_group is None else p.with_strip(rows_per_group)

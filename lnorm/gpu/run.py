@@ -371,11 +371,10 @@ class FusedLayerNorm:
         cp = self._cp
         dy, x, gamma, mean_hi, mean_lo, rstd = (
             self._as_device(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd))
-        p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung)
+        p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung,
+                                rows_per_group=rows_per_group)
         if not second_stage and rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
-        if rows_per_group is not None:
-            p = p.with_strip(rows_per_group)
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows (no partial rows)
             shape = p.D if second_stage else (0, p.D)
