@@ -50,12 +50,12 @@ book: $(STAMP)
 
 # ruff, configured in pyproject.toml, over the package, the tests and the book's hooks.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lnorm tests benchmarks book/_ext
+	$(VENV)/bin/ruff check lnorm tests benchmarks book/_ext book/prose.py
 
 # The unit and property tests, and every docstring example of the package.
 unit: $(STAMP)
 	$(PY) -m pytest -m "not built_book and not slow and not lab" -q --durations=15 \
-		--doctest-modules lnorm tests
+		--doctest-modules lnorm tests book/prose.py
 
 # Sanitizer runs of the CUDA sources on the CPU, their negative controls, and
 # the CPU runs of the longest rows.

@@ -8,13 +8,14 @@ The public API is two functions and the cache between them::
 Both run the fused loops of :mod:`lnorm.fused` (Numba, one pass per row) by
 default, and the NumPy formulas on blocks of rows with ``block_rows=``;
 :mod:`lnorm.core` has the formulas themselves (``forward_formula``,
-``backward_formula``) and the cache constructor ``make_cache``.
+``backward_formula``), and :mod:`lnorm.cache` the cache and its constructor
+``make_cache``.
 
 The other modules are imported by name: ``lnorm.validate`` (the input checks
-every public function shares), ``lnorm.variance``, ``lnorm.gradcheck``,
-``lnorm.symbolic``, ``lnorm.cost``, ``lnorm.bench``, ``lnorm.gpu``, and
-``lnorm.prose``, the book's glue and number-formatting helper. Importing
-``lnorm`` does not import SymPy or CuPy. ``CHANGELOG.md`` lists what changed
+every public function shares), ``lnorm.inputs`` (seeded inputs),
+``lnorm.variance``, ``lnorm.gradcheck``, ``lnorm.symbolic``, ``lnorm.cost``,
+``lnorm.bench`` and ``lnorm.gpu``. Importing ``lnorm`` does not import SymPy
+or CuPy. ``CHANGELOG.md`` lists what changed
 since the first edition.
 
 Examples
@@ -28,7 +29,8 @@ Examples
 (array([[-1.225,  0.   ,  1.225]]), array([1., 1., 1.]))
 """
 
-from .core import LayerNormCache, backward, forward
+from .cache import LayerNormCache
+from .core import backward, forward
 
 __all__ = ["LayerNormCache", "forward", "backward"]
 __version__ = "0.1.0"

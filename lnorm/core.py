@@ -21,8 +21,8 @@ The module reads from the math to the plumbing:
 1. :func:`forward_formula` and :func:`backward_formula` are these lines as
    plain NumPy, in the arithmetic of their arguments: the reference the
    derivation chapter arrives at;
-2. :class:`LayerNormCache` and :func:`make_cache`: what the forward keeps
-   for the backward;
+2. :class:`~lnorm.cache.LayerNormCache` and :func:`~lnorm.cache.make_cache`
+   (in :mod:`lnorm.cache`): what the forward keeps for the backward;
 3. :func:`forward` and :func:`backward` are the library functions, with
    checks and a dtype policy, and two schedules:
 
@@ -69,10 +69,10 @@ array([[-1.2247,  0.    ,  1.2247],
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from . import fused
+from .cache import ACC_DTYPE, LayerNormCache, make_cache
 from .validate import (
     SUPPORTED_DTYPES,
     as_rows,
@@ -85,21 +85,14 @@ from .validate import (
 )
 
 __all__ = [
-    "LayerNormCache",
     "forward",
     "backward",
     "forward_formula",
     "backward_formula",
-    "make_cache",
     "tile_rows",
     "SUPPORTED_DTYPES",
-    "ACC_DTYPE",
     "TILE_BYTES",
 ]
-
-#: Dtype in which statistics and reductions are accumulated on the CPU.
-ACC_DTYPE = np.dtype(np.float64)
-
 
 # --- the formulas -----------------------------------------------------------------
 
@@ -225,131 +218,6 @@ def backward_formula(dy, xhat, gamma, rstd):
     return dx, dgamma, dbeta
 
 
-# --- the cache --------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class LayerNormCache:
-    r"""What the forward saves for the backward (all arrays read-only).
-
-    Built by :func:`forward` (or :func:`lnorm.fused.forward`) through
-    :func:`make_cache`; pass it to :func:`backward` unchanged.
-
-    Attributes
-    ----------
-    xhat : ndarray, shape (..., D), dtype of ``x``
-        The normalized input ``(x - mean) * rstd``.
-    rstd : ndarray, shape (...,), float64
-        ``1 / sqrt(var + eps)`` for every row.
-    gamma : ndarray, shape (D,)
-        A read-only copy of the scale, needed for ``g = gamma * dy``.
-
-    See Also
-    --------
-    make_cache : The constructor the forwards use.
-    lnorm.cost.cache_bytes : The bytes this and the alternatives hold.
-
-    Examples
-    --------
-    >>> import lnorm
-    >>> _, cache = lnorm.forward(np.ones((2, 3), np.float32), np.ones(3), np.zeros(3))
-    >>> cache.shape, cache.dtype, cache.rstd.dtype, cache.xhat.flags.writeable
-    ((2, 3), dtype('float32'), dtype('float64'), False)
-    """
-
-    xhat: np.ndarray
-    rstd: np.ndarray
-    gamma: np.ndarray
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        r"""Shape of the input ``x`` (and of ``dy`` and ``dx``).
-
-        Returns
-        -------
-        tuple of int
-            ``xhat.shape``.
-
-        See Also
-        --------
-        lnorm.validate.check_dy : Checks ``dy`` against it.
-
-        Examples
-        --------
-        >>> make_cache(np.zeros((4, 2)), np.ones(4), np.ones(2)).shape
-        (4, 2)
-        """
-        return self.xhat.shape
-
-    @property
-    def dtype(self) -> np.dtype:
-        r"""Dtype of the input ``x`` (and of ``dx``).
-
-        Returns
-        -------
-        numpy.dtype
-            ``xhat.dtype``.
-
-        See Also
-        --------
-        backward : Returns ``dx`` in this dtype.
-
-        Examples
-        --------
-        >>> make_cache(np.zeros((4, 2), np.float16), np.ones(4), np.ones(2)).dtype
-        dtype('float16')
-        """
-        return self.xhat.dtype
-
-
-def _readonly(a: np.ndarray) -> np.ndarray:
-    """A read-only view of ``a``; ``a`` itself keeps its flags."""
-    view = a.view()
-    view.setflags(write=False)
-    return view
-
-
-def make_cache(
-    xhat: np.ndarray, rstd: np.ndarray, gamma: np.ndarray
-) -> LayerNormCache:
-    r"""Build the read-only cache from ``xhat``, ``rstd`` and ``gamma``.
-
-    ``xhat`` and ``rstd`` are not copied: the cache holds read-only views of
-    them, and the arrays passed in keep their flags. Pass arrays nobody else
-    writes to, or accept that writing them changes the cache (a forward given
-    ``out=`` buffers does that on purpose). ``gamma`` is copied, so that the
-    caller may go on updating its parameters before the backward runs.
-
-    Parameters
-    ----------
-    xhat : ndarray, shape (..., D)
-        The normalized input, in the dtype of ``x``.
-    rstd : ndarray, shape (...,)
-        ``1 / sqrt(var + eps)`` of each row (float64 in :mod:`lnorm.core`).
-    gamma : array_like, shape (D,)
-        The scale.
-
-    Returns
-    -------
-    LayerNormCache
-
-    See Also
-    --------
-    LayerNormCache : What each field holds.
-    forward : Builds its cache with this.
-
-    Examples
-    --------
-    >>> c = make_cache(np.zeros((2, 3)), np.ones(2), np.ones(3))
-    >>> c.shape, c.xhat.flags.writeable
-    ((2, 3), False)
-    """
-    return LayerNormCache(
-        xhat=_readonly(xhat),
-        rstd=_readonly(rstd),
-        gamma=_readonly(np.array(gamma, copy=True)),
-    )
-
-
 # --- the library functions --------------------------------------------------------
 
 _BLOCK_HINT = "Pass None (fused) or rows per block, e.g. lnorm.core.tile_rows(D)."
@@ -425,8 +293,6 @@ def forward(
     True
     """
     if block_rows is None:
-        from . import fused
-
         return fused.forward(x, gamma, beta, eps, out=out)
     x = as_rows(x, "x")
     D = x.shape[-1]
@@ -537,8 +403,6 @@ def backward(
     (array([-1.2247,  0.    ,  0.    ]), array([1., 0., 0.]))
     """
     if block_rows is None:
-        from . import fused
-
         return fused.backward(dy, cache, out=out)
     dy = check_dy(dy, cache)
     block_rows = check_int(block_rows, "block_rows", 1, _BLOCK_HINT)

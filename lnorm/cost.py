@@ -716,7 +716,7 @@ def cache_bytes(
     See Also
     --------
     traffic : The bytes each choice moves.
-    lnorm.core.LayerNormCache : What :func:`lnorm.forward` keeps
+    lnorm.cache.LayerNormCache : What :func:`lnorm.forward` keeps
         (``"xhat_rstd"``).
 
     Notes

@@ -25,7 +25,7 @@ Per row of length ``D``:
   cache, and asks memory for the next group's rows as it goes (software
   prefetch, :data:`STEP`).
 
-Same checks, errors, dtype policy and :class:`lnorm.core.LayerNormCache`
+Same checks, errors, dtype policy and :class:`lnorm.cache.LayerNormCache`
 as :func:`lnorm.core.forward` and :func:`lnorm.core.backward` (``threads=``
 takes the place of their ``block_rows=``):
 
@@ -120,7 +120,7 @@ from numba import types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
-from .core import ACC_DTYPE, LayerNormCache, make_cache
+from .cache import ACC_DTYPE, LayerNormCache, make_cache
 from .validate import (
     as_rows,
     check_backward_out,

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import numpy as np
 import sympy as sp
 
-from .core import ACC_DTYPE, LayerNormCache
+from .cache import ACC_DTYPE, LayerNormCache
 from .validate import (
     as_float_array,
     as_rows,

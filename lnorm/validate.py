@@ -30,11 +30,12 @@ ValueError: eps must be finite and > 0 (it bounds rstd by 1/sqrt(eps)); got 0.0.
 
 from __future__ import annotations
 
-import functools
 import math
 import numbers
 
 import numpy as np
+
+from .cache import LayerNormCache
 
 __all__ = [
     "SUPPORTED_DTYPES",
@@ -389,17 +390,6 @@ def check_int(value, name: str, minimum: int, hint: str = "") -> int:
     return int(value)
 
 
-@functools.cache
-def _cache_class() -> type:
-    """:class:`lnorm.core.LayerNormCache`, imported at the first call: core
-    imports this module. Cached, because an import statement in
-    :func:`check_cache` cost about 16 us per backward when the caches were
-    cold (after a kernel that streamed megabytes)."""
-    from .core import LayerNormCache
-
-    return LayerNormCache
-
-
 def check_cache(cache):
     r"""Return ``cache`` if it is the :class:`lnorm.LayerNormCache` a forward returned.
 
@@ -422,7 +412,7 @@ def check_cache(cache):
     See Also
     --------
     check_dy : The check of the backward's other argument.
-    lnorm.core.make_cache : How the forwards build the cache.
+    lnorm.cache.make_cache : How the forwards build the cache.
 
     Examples
     --------
@@ -431,7 +421,7 @@ def check_cache(cache):
     ...
     TypeError: cache must be the LayerNormCache returned by lnorm.forward; got str.
     """
-    if not isinstance(cache, _cache_class()):
+    if not isinstance(cache, LayerNormCache):
         raise TypeError(
             "cache must be the LayerNormCache returned by lnorm.forward; "
             f"got {type(cache).__name__}."

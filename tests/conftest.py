@@ -1,7 +1,7 @@
 """Shared test inputs and settings.
 
 * :func:`make_inputs`: the one generator of seeded ``x, gamma, beta, dy``
-  (a thin layer over :func:`lnorm.bench.make_inputs`, with the test defaults
+  (a thin layer over :func:`lnorm.inputs.make_inputs`, with the test defaults
   of ``tests/reference.py``: ``x ~ N(offset, scale)``, ``gamma ~ N(1, 0.5)``,
   ``beta ~ N(0, 0.5)``, ``dy ~ N(0, 1)``);
 * :func:`layouts`: the same values C-ordered, Fortran-ordered and strided;
@@ -23,7 +23,7 @@ import reference
 from hypothesis import HealthCheck, settings
 
 import lnorm
-from lnorm import bench
+from lnorm.inputs import make_inputs as draw_inputs
 
 #: The test defaults for the parameters' spread (as tests/reference.py).
 PARAM_SCALE = 0.5
@@ -48,7 +48,7 @@ def make_inputs(
     ``x ~ N(offset, scale)`` (so ``offset / scale`` is the row offset in
     units of the spread), ``gamma ~ N(1, 0.5)``, ``beta ~ N(0, 0.5)``,
     ``dy ~ N(0, 1)``, drawn in float64 and converted to ``dtype`` last:
-    :func:`lnorm.bench.make_inputs` with the tests' parameter spread.
+    :func:`lnorm.inputs.make_inputs` with the tests' parameter spread.
 
     Examples
     --------
@@ -56,7 +56,7 @@ def make_inputs(
     >>> x.shape, gamma.shape, x.dtype
     ((2, 3), (3,), dtype('float32'))
     """
-    return bench.make_inputs(
+    return draw_inputs(
         tuple(shape), dtype, seed, loc=offset, scale=scale, param_scale=PARAM_SCALE
     )
 

@@ -3,15 +3,15 @@ reference (the chain rule, node by node) and the max-norm relative error."""
 
 import numpy as np
 
-from lnorm import bench
+from lnorm.inputs import make_inputs as draw_inputs
 
 EPS = 1e-5
 
 
 def make_inputs(shape, dtype=np.float64, seed=0, loc=0.0, scale=1.0, param_scale=0.5):
-    """``lnorm.bench.make_inputs`` with the core tests' defaults: x ~ N(loc, scale),
+    """``lnorm.inputs.make_inputs`` with the core tests' defaults: x ~ N(loc, scale),
     gamma ~ N(1, param_scale), beta ~ N(0, param_scale), dy ~ N(0, 1)."""
-    return bench.make_inputs(
+    return draw_inputs(
         shape, dtype, seed, loc=loc, scale=scale, param_scale=param_scale
     )
 

@@ -15,7 +15,8 @@ from reference import (
 )
 
 import lnorm
-from lnorm.core import LayerNormCache, backward, forward, tile_rows
+from lnorm.cache import LayerNormCache
+from lnorm.core import backward, forward, tile_rows
 
 # --- correctness ----------------------------------------------------------------
 

@@ -15,9 +15,9 @@ import jupytext
 import pytest
 from built_site import ROOT
 
-import lnorm.prose
-
 sys.path.insert(0, str(ROOT / "book" / "_ext"))
+sys.path.insert(0, str(ROOT / "book"))
+import prose  # noqa: E402
 from lnorm_eval import (  # noqa: E402
     GLUE_IMPORT,
     evals_to_glue,
@@ -105,10 +105,10 @@ def test_executed_rewrite_shows_the_value_at_that_point(monkeypatch):
     glued: dict[str, object] = {}
 
     def capture(**values):
-        glued.update({k: lnorm.prose.inline(v) for k, v in values.items()})
+        glued.update({k: prose.inline(v) for k, v in values.items()})
 
-    monkeypatch.setattr(lnorm.prose, "glue", capture)
-    scope: dict[str, object] = {"sci": lnorm.prose.sci}
+    monkeypatch.setattr(prose, "glue", capture)
+    scope: dict[str, object] = {"sci": prose.sci}
     for cell in jupytext.reads(evals_to_glue(CHAPTER), fmt="md:myst").cells:
         if cell.cell_type == "code":
             exec(cell.source, scope)

@@ -1,11 +1,14 @@
-"""lnorm.prose: the number format and the table idiom every chapter uses."""
+"""book/prose.py: the number format and the table idiom every chapter uses."""
 
 import math
+import sys
 
 import numpy as np
 import pytest
+from built_site import ROOT
 
-from lnorm.prose import Inline, Sci, Typeset, glue, inline, sci, table
+sys.path.insert(0, str(ROOT / "book"))
+from prose import Inline, Sci, Typeset, glue, inline, sci, table  # noqa: E402
 
 
 @pytest.mark.parametrize(

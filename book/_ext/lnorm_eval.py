@@ -11,7 +11,7 @@ Markdown cell that holds ``{eval}`` roles:
 
 * a code cell tagged ``remove-cell`` is put right before the Markdown cell; it
   evaluates the cell's expressions where JupyterLab would, after the code cells
-  above, and glues the values (:func:`lnorm.prose.glue`);
+  above, and glues the values (``glue`` of ``book/prose.py``);
 * each role becomes ``{glue}`lnorm_eval_<k>```, which MyST-NB fills in from the
   cached outputs.
 
@@ -32,7 +32,7 @@ EVAL_ROLE = re.compile(r"(?<!`)\{eval\}`([^`]+)`")
 #: The glue names the rewrite gives the expressions.
 GLUE_PREFIX = "lnorm_eval_"
 #: First line of every code cell the rewrite adds.
-GLUE_IMPORT = "from lnorm.prose import glue as _lnorm_glue"
+GLUE_IMPORT = "from prose import glue as _lnorm_glue"
 _FENCE = re.compile(r"^(`{3,}|~{3,})\{code-cell\}")
 
 

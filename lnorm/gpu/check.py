@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bench import make_inputs as bench_inputs
 from ..core import backward as core_backward
 from ..core import forward as core_forward
 from ..gradcheck import compare_gradients
+from ..inputs import make_inputs as draw_inputs
 from .kernels import LaunchPlan, constants, plan
 
 __all__ = [
@@ -66,7 +66,7 @@ def _host(a) -> np.ndarray:
 def make_inputs(rows: int, D: int, dtype, seed: int = 0) -> dict[str, np.ndarray]:
     r"""Make seeded test inputs of shape ``(rows, D)``, keyed by name.
 
-    :func:`lnorm.bench.make_inputs` of shape ``(rows, D)``, as a dict.
+    :func:`lnorm.inputs.make_inputs` of shape ``(rows, D)``, as a dict.
 
     Parameters
     ----------
@@ -96,7 +96,7 @@ def make_inputs(rows: int, D: int, dtype, seed: int = 0) -> dict[str, np.ndarray
     beta (8,) float16
     dy (3, 8) float16
     """
-    return dict(zip(("x", "gamma", "beta", "dy"), bench_inputs((rows, D), dtype, seed)))
+    return dict(zip(("x", "gamma", "beta", "dy"), draw_inputs((rows, D), dtype, seed)))
 
 
 def forward_backward(forward, backward, inputs: dict,

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench import reference_backward
-from ..core import forward_formula
+from ..core import backward_formula, forward_formula
 from ..cost import traffic
 from .check import make_inputs
 from .kernels import (
@@ -456,7 +455,7 @@ def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
     r"""Compute the backward op by op in float32, for comparison.
 
     ``xhat = ((x - mean_hi) - mean_lo) * rstd`` recovered op by op, then
-    :func:`lnorm.bench.reference_backward` on float32 arrays: the program
+    :func:`lnorm.core.backward_formula` on float32 arrays: the program
     :func:`lnorm.cost.numpy_program` counts for ``saved="x_mean_rstd"``.
     Needs no GPU for NumPy input.
 
@@ -495,7 +494,9 @@ def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
     rstd = rstd.reshape(-1, 1)
     xc = (x32 - mean_hi.reshape(-1, 1)) - mean_lo.reshape(-1, 1)
     xhat = xc * rstd
-    dx, dgamma, dbeta = reference_backward(dy32, (xhat, rstd), gamma.astype("float32"))
+    dx, dgamma, dbeta = backward_formula(
+        dy32, xhat, gamma.astype("float32"), rstd
+    )
     return dx.astype(x.dtype, copy=False).reshape(x.shape), dgamma, dbeta
 
 

@@ -55,7 +55,7 @@ def test_chapters_were_executed_and_their_numbers_resolved(doc):
     # A role that did not resolve is left in the prose as its source text, or
     # as the glue name book/_ext/lnorm_eval.py gave it (the build also warns,
     # and warnings fail it); a float or NumPy scalar would show its repr
-    # (lnorm.prose.inline refuses them in the build). Code listings may
+    # (book/prose.py's inline refuses them in the build). Code listings may
     # mention the roles legitimately, so they are taken out first.
     soup = BeautifulSoup(html, "html.parser")
     for listing in soup.select("pre, code"):

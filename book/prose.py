@@ -24,17 +24,18 @@ section, made by :func:`table` in a cell tagged ``remove-input``.
 
 Example, in a chapter::
 
-    from lnorm.prose import sci, table
+    from prose import sci, table
     err, ratio = 3.2e-7, 2.5
     # prose: the error is {eval}`sci(err, 1)`, {eval}`f"{ratio:.1f}"` times less
     table(["offset", "error"], [[1e4, 3.2e-7], [1e6, 4.1e-7]])
 
-This module imports MyST-NB only when :func:`glue` is called, so ``lnorm``
-itself does not need the book's packages.
+It lives with the chapters (``book/prose.py``): the chapters' kernels run in
+``book/`` and import it as ``prose``; ``lnorm`` never does. It imports
+MyST-NB only when :func:`glue` is called.
 
 Examples
 --------
->>> from lnorm.prose import inline, sci, table
+>>> from prose import inline, sci, table
 >>> str(sci(3.2e-7))
 '3.2 × 10⁻⁷'
 >>> inline(f"{2.5:.1f}"), inline(sci(3.2e-7))
