@@ -3,14 +3,11 @@ r"""What the forward keeps for the backward: :class:`LayerNormCache`.
 The cache type, its constructor :func:`make_cache` and the accumulation dtype
 :data:`ACC_DTYPE` sit below every module that builds or reads a cache
 (:mod:`lnorm.validate`, :mod:`lnorm.core`, :mod:`lnorm.fused`), so that
-imports only go down.
-
-Examples
---------
->>> import numpy as np
->>> c = make_cache(np.zeros((2, 3)), np.ones(2), np.ones(3))
->>> c.shape, c.xhat.flags.writeable
-((2, 3), False)
+imports only go down. The cache holds read-only views of ``xhat`` and
+``rstd``, not copies: the arrays passed in keep their flags, so writing them
+changes the cache (a forward given ``out=`` buffers does that on purpose).
+``gamma`` is copied, so that the caller may go on updating its parameters
+before the backward runs.
 """
 
 from __future__ import annotations
@@ -29,8 +26,8 @@ ACC_DTYPE = np.dtype(np.float64)
 class LayerNormCache:
     r"""What the forward saves for the backward (all arrays read-only).
 
-    Built by :func:`lnorm.forward` (or :func:`lnorm.fused.forward`) through
-    :func:`make_cache`; pass it to :func:`lnorm.backward` unchanged.
+    Built by :func:`lnorm.forward` through :func:`make_cache`; pass it to
+    :func:`lnorm.backward` unchanged.
 
     Attributes
     ----------
@@ -39,12 +36,7 @@ class LayerNormCache:
     rstd : ndarray, shape (...,), float64
         ``1 / sqrt(var + eps)`` for every row.
     gamma : ndarray, shape (D,)
-        A read-only copy of the scale, needed for ``g = gamma * dy``.
-
-    See Also
-    --------
-    make_cache : The constructor the forwards use.
-    lnorm.cost.cache_bytes : The bytes this and the alternatives hold.
+        A copy of the scale, needed for ``g = gamma * dy``.
 
     Examples
     --------
@@ -60,42 +52,12 @@ class LayerNormCache:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        r"""Shape of the input ``x`` (and of ``dy`` and ``dx``).
-
-        Returns
-        -------
-        tuple of int
-            ``xhat.shape``.
-
-        See Also
-        --------
-        lnorm.validate.check_dy : Checks ``dy`` against it.
-
-        Examples
-        --------
-        >>> make_cache(np.zeros((4, 2)), np.ones(4), np.ones(2)).shape
-        (4, 2)
-        """
+        r"""Shape of the input ``x`` (and of ``dy`` and ``dx``)."""
         return self.xhat.shape
 
     @property
     def dtype(self) -> np.dtype:
-        r"""Dtype of the input ``x`` (and of ``dx``).
-
-        Returns
-        -------
-        numpy.dtype
-            ``xhat.dtype``.
-
-        See Also
-        --------
-        lnorm.backward : Returns ``dx`` in this dtype.
-
-        Examples
-        --------
-        >>> make_cache(np.zeros((4, 2), np.float16), np.ones(4), np.ones(2)).dtype
-        dtype('float16')
-        """
+        r"""Dtype of the input ``x`` (and of ``dx``)."""
         return self.xhat.dtype
 
 
@@ -109,38 +71,7 @@ def _readonly(a: np.ndarray) -> np.ndarray:
 def make_cache(
     xhat: np.ndarray, rstd: np.ndarray, gamma: np.ndarray
 ) -> LayerNormCache:
-    r"""Build the read-only cache from ``xhat``, ``rstd`` and ``gamma``.
-
-    ``xhat`` and ``rstd`` are not copied: the cache holds read-only views of
-    them, and the arrays passed in keep their flags. Pass arrays nobody else
-    writes to, or accept that writing them changes the cache (a forward given
-    ``out=`` buffers does that on purpose). ``gamma`` is copied, so that the
-    caller may go on updating its parameters before the backward runs.
-
-    Parameters
-    ----------
-    xhat : ndarray, shape (..., D)
-        The normalized input, in the dtype of ``x``.
-    rstd : ndarray, shape (...,)
-        ``1 / sqrt(var + eps)`` of each row (float64 on the CPU).
-    gamma : array_like, shape (D,)
-        The scale.
-
-    Returns
-    -------
-    LayerNormCache
-
-    See Also
-    --------
-    LayerNormCache : What each field holds.
-    lnorm.forward : Builds its cache with this.
-
-    Examples
-    --------
-    >>> c = make_cache(np.zeros((2, 3)), np.ones(2), np.ones(3))
-    >>> c.shape, c.xhat.flags.writeable
-    ((2, 3), False)
-    """
+    r"""The read-only cache of ``xhat``, ``rstd`` and ``gamma`` (views, see above)."""
     return LayerNormCache(
         xhat=_readonly(xhat),
         rstd=_readonly(rstd),

@@ -1,70 +1,49 @@
-r"""Layer normalization over the last axis: forward, backward and their cache.
+r"""Layer normalization over the last axis: the formulas and the library functions.
 
 For each row ``x`` of length ``D`` (the last axis), with ``mean`` the mean
-over the row::
+over the row and ``g = gamma * dy``::
 
     mean = sum(x) / D                    var  = mean((x - mean)**2)
     rstd = 1 / sqrt(var + eps)           xhat = (x - mean) * rstd
     y    = gamma * xhat + beta
+    dx   = rstd * (g - mean(g) - xhat * mean(g * xhat))
+    dgamma = sum over rows of dy * xhat, dbeta = sum over rows of dy
 
-and, given the upstream gradient ``dy`` and ``g = gamma * dy``::
+(derived in the chapter "Deriving the backward", ``book/02_derivation.md``).
+:func:`forward_formula` and :func:`backward_formula` are these lines as plain
+NumPy, with no checks. :func:`forward` and :func:`backward` (``lnorm.forward``
+and ``lnorm.backward``) add the checks of :mod:`lnorm.validate`, the dtype
+policy below, a :class:`~lnorm.cache.LayerNormCache` between them, and two
+schedules:
 
-    dx     = rstd * (g - mean(g) - xhat * mean(g * xhat))
-    dgamma = sum over rows of dy * xhat
-    dbeta  = sum over rows of dy
+* ``block_rows=None`` (default): the fused loops of :mod:`lnorm.fused`, one
+  compiled pass per row, the fastest;
+* ``block_rows=n``: the formulas in float64 on blocks of ``n`` rows, whose
+  temporaries stay in cache for a modest ``n`` (:func:`tile_rows`); ``n`` at
+  least the number of rows is the plain op-by-op program.
 
-The derivation of the backward is in the chapter "Deriving the backward"
-(``book/02_derivation.md``).
-
-The module reads from the math to the plumbing:
-
-1. :func:`forward_formula` and :func:`backward_formula` are these lines as
-   plain NumPy, in the arithmetic of their arguments: the reference the
-   derivation chapter arrives at;
-2. :class:`~lnorm.cache.LayerNormCache` and :func:`~lnorm.cache.make_cache`
-   (in :mod:`lnorm.cache`): what the forward keeps for the backward;
-3. :func:`forward` and :func:`backward` are the library functions, with
-   checks and a dtype policy, and two schedules:
-
-   * by default the fused loops of :mod:`lnorm.fused`, one compiled pass per
-     row (Numba), the fastest schedule;
-   * with ``block_rows=n`` the NumPy formulas on blocks of ``n`` rows, whose
-     float64 temporaries stay in cache for a modest ``n`` (:func:`tile_rows`
-     picks one); ``block_rows`` at least the number of rows is the plain
-     op-by-op program over the whole tensor.
+The schedules agree to float64 rounding before the final rounding (the sums
+behind ``dgamma`` and ``dbeta`` are associated differently, so their last bits
+can differ; each schedule gives the same bits on every call). Non-finite
+values stay in their row; inputs are never modified.
 
 Dtype policy
 ------------
-float16, float32 and float64 inputs are accepted. Every statistic, the
-centring ``x - mean`` and every reduction are computed in float64, whatever
-the input dtype, and results are rounded once to the input dtype. A float32
-mean would carry an error of up to about ``u32 * |mean|`` (``u32 = 2**-24``)
-from its rounding alone, which ``x - mean`` passes into every ``xhat`` as
-``u32 * |mean| / std``; in
-float64 that error is below float32's own rounding for any offset a float32
-row can carry (the chapter "Layer norm in low precision",
-``book/04b_low_precision.md``, measures both).
+float16, float32 and float64 inputs are accepted. Every statistic (two-pass:
+the mean, then the mean of squared deviations), the centring ``x - mean``
+and every reduction run in float64, and each result is
+rounded once to the input dtype (``dgamma`` and ``dbeta`` to that of
+``gamma``). A float32 mean would err by up to about ``u32 * |mean|``
+(``u32 = 2**-24``) from its rounding alone, which ``x - mean`` passes into
+every ``xhat`` as ``u32 * |mean| / std``. With a float64 mean that error,
+measured against the row's largest ``|xhat|``, is below float32's own
+rounding for any offset a float32 row can carry; measured against a much
+smaller ``xhat`` it can be larger. The chapter "Layer norm in low precision"
+(``book/04b_low_precision.md``) measures both.
 
-What the cache keeps
---------------------
-``LayerNormCache`` keeps ``xhat`` (input dtype, one activation-sized tensor),
-``rstd`` (float64, one number per row) and a read-only copy of ``gamma``. The
-backward then never repeats the centring; the cost chapter
-(``book/05_cost.md``) measures this choice against keeping ``x`` with
-``mean`` and ``rstd``, or ``y``.
-
-Examples
---------
->>> import numpy as np
->>> import lnorm
->>> x = np.array([[1.0, 2.0, 3.0], [2.0, 2.0, 2.0]])
->>> y, cache = lnorm.forward(x, np.ones(3), np.zeros(3))
->>> np.round(y, 4)
-array([[-1.2247,  0.    ,  1.2247],
-       [ 0.    ,  0.    ,  0.    ]])
->>> dx, dgamma, dbeta = lnorm.backward(np.ones((2, 3)), cache)
->>> bool(np.all(dx == 0)), dbeta
-(True, array([2., 2., 2.]))
+The cache keeps ``xhat`` (input dtype), ``rstd`` (float64, one per row) and a
+copy of ``gamma``, so the backward never repeats the centring; the cost
+chapter (``book/05_cost.md``) weighs this against keeping ``x`` or ``y``.
 """
 
 from __future__ import annotations
@@ -99,15 +78,10 @@ __all__ = [
 def forward_formula(x, gamma, beta, eps: float = 1e-5):
     r"""Compute the forward as plain NumPy, one operation per line.
 
-    ``mean = sum(x) / D``, ``var = mean((x - mean)**2)``,
-    ``rstd = 1 / sqrt(var + eps)``, ``xhat = (x - mean) * rstd``,
-    ``y = gamma * xhat + beta``, over the last axis (the chapter "Layer
-    normalization, forward", ``book/01_forward.md``, explains each line).
-
-    No validation and no dtype policy: every operation runs in the dtype
-    NumPy's promotion of ``x`` with ``gamma``, ``beta`` and ``eps`` gives. It is
-    complex-safe (``xc * xc``, never ``abs``), so complex-step differentiation
-    through it has no cancellation and is accurate to rounding.
+    No validation and no dtype policy: every operation runs in the dtype NumPy's
+    promotion of the arguments gives. It is complex-safe (``xc * xc``, never
+    ``abs``), so the complex step through it is accurate to rounding. The
+    chapter "Layer normalization, forward" explains each line.
 
     Parameters
     ----------
@@ -116,25 +90,13 @@ def forward_formula(x, gamma, beta, eps: float = 1e-5):
     gamma, beta : ndarray, shape (D,), or scalars
         Scale and shift, broadcast against ``x``.
     eps : float, default 1e-5
-        Added to the variance. Zero is allowed here (a constant row then
-        divides by zero).
+        Added to the variance; zero is allowed here.
 
     Returns
     -------
-    y : ndarray, shape of ``x``
-        The output.
-    mean : ndarray, shape ``x.shape[:-1] + (1,)``
-        The mean of each row.
-    rstd : ndarray, shape ``x.shape[:-1] + (1,)``
-        ``1 / sqrt(var + eps)`` of each row.
-    xhat : ndarray, shape of ``x``
-        The normalized rows ``(x - mean) * rstd``.
-
-    See Also
-    --------
-    forward : The library function: checks, float64 statistics, a cache.
-    backward_formula : The backward from ``xhat`` and ``rstd``.
-    lnorm.cost.numpy_program : The memory traffic of these lines.
+    y, mean, rstd, xhat : ndarray
+        ``y`` and ``xhat`` of the shape of ``x``; ``mean`` and ``rstd`` with a
+        trailing axis of one.
 
     Examples
     --------
@@ -158,40 +120,23 @@ def forward_formula(x, gamma, beta, eps: float = 1e-5):
 def backward_formula(dy, xhat, gamma, rstd):
     r"""Compute the compact backward as plain NumPy, in the dtype of its arguments.
 
-    With ``g = gamma * dy`` and ``mean`` the mean over the row::
-
-        dx     = rstd * (g - mean(g) - xhat * mean(g * xhat))
-        dgamma = sum over rows of dy * xhat
-        dbeta  = sum over rows of dy
-
     ``dy * xhat`` is formed once and serves both ``dgamma`` and
-    ``mean(g * xhat) = (dy * xhat) @ gamma / D``. The chapter "Deriving the
-    backward" (``book/02_derivation.md``) derives the formula and compares
-    it with the staged backward.
+    ``mean(g * xhat) = (dy * xhat) @ gamma / D``.
 
     Parameters
     ----------
-    dy : ndarray, shape (..., D)
-        Upstream gradient dL/dy.
-    xhat : ndarray, shape (..., D)
-        The normalized input, as :func:`forward_formula` returns it.
+    dy, xhat : ndarray, shape (..., D)
+        Upstream gradient dL/dy and the normalized input.
     gamma : ndarray, shape (D,)
         The scale.
     rstd : ndarray, shape (..., 1)
-        ``1 / sqrt(var + eps)`` of each row, with a trailing axis of one.
+        ``1 / sqrt(var + eps)`` of each row, as :func:`forward_formula` returns it.
 
     Returns
     -------
     dx : ndarray, shape (..., D)
-        Gradient with respect to ``x``.
     dgamma, dbeta : ndarray, shape (D,)
-        Gradients with respect to ``gamma`` and ``beta``, summed over every
-        leading axis.
-
-    See Also
-    --------
-    backward : The library function: checks, float64 arithmetic, schedules.
-    forward_formula : The forward whose ``xhat`` and ``rstd`` this takes.
+        Summed over every leading axis.
 
     Examples
     --------
@@ -228,58 +173,26 @@ def forward(
 ) -> tuple[np.ndarray, LayerNormCache]:
     r"""Normalize each row over the last axis, then scale and shift it.
 
-    ``y = gamma * (x - mean) / sqrt(var + eps) + beta``, with the mean and
-    the (biased) variance of each row.
-
     Parameters
     ----------
     x : array_like, shape (..., D)
-        float16, float32 or float64; at least one dimension; any number of
-        leading dimensions, including zero rows. Not modified.
+        float16, float32 or float64; any number of rows, zero included.
     gamma, beta : array_like, shape (D,)
-        Scale and shift, floating. Not modified.
+        Scale and shift, floating.
     eps : float, default 1e-5
         Finite and > 0; added to the variance, so ``rstd <= 1/sqrt(eps)``.
     block_rows : int, optional
-        None (default): the fused loop of :func:`lnorm.fused.forward`.
-        An int: the NumPy formula on blocks of that many rows (bit for bit
-        the same results whatever the block size: every step is row by row).
+        The schedule (see the module docstring); every block size gives the
+        same bits, since every step is row by row.
     out : tuple of two ndarrays, optional
-        ``(y, xhat)`` to write into instead of new arrays, as in
-        :func:`lnorm.fused.forward` (see there); the cache then holds a
-        read-only view of the ``xhat`` buffer.
+        ``(y, xhat)`` to write into, as in :func:`lnorm.fused.forward`; the
+        cache then holds a read-only view of ``xhat``.
 
     Returns
     -------
     y : ndarray, shape and dtype of ``x``
-        The output (``out[0]`` when given).
     cache : LayerNormCache
-        ``xhat`` and ``rstd`` (and ``gamma``), what :func:`backward` needs.
-
-    Raises
-    ------
-    TypeError
-        A non-floating input, or ``eps`` / ``block_rows`` of the wrong type.
-    ValueError
-        A 0-d ``x``, ``D = 0``, ``gamma``/``beta`` not of shape ``(D,)``,
-        ``eps`` not finite and > 0, ``block_rows < 1``.
-    TypeError, ValueError
-        An ``out`` that :func:`lnorm.validate.check_forward_out` refuses.
-
-    See Also
-    --------
-    backward : The gradients, from this cache.
-    forward_formula : The same arithmetic as plain NumPy, without checks.
-    lnorm.fused.forward : The default schedule.
-    tile_rows : A ``block_rows`` whose temporaries stay in cache.
-
-    Notes
-    -----
-    Statistics are two-pass (the mean, then the mean of squared deviations)
-    in float64. A constant row is exact: ``xhat == 0`` and ``y`` is ``beta``
-    rounded to the dtype of ``x``.
-    The two schedules agree to float64 rounding before the final rounding
-    to the dtype of ``x``. Non-finite values stay in their row.
+        What :func:`backward` needs. A constant row gives ``xhat == 0`` exactly.
 
     Examples
     --------
@@ -320,7 +233,7 @@ def forward(
 
 
 def _forward64(x64: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float):
-    """y, rstd, xhat of float64 rows: :func:`forward_formula`, constant rows exact."""
+    r"""y, rstd, xhat of float64 rows: :func:`forward_formula`, constant rows exact."""
     mean = x64.mean(axis=-1, keepdims=True)
     # The true mean lies in [min, max]; rounding can push it just outside a
     # constant row's single value, which would make xhat nonzero there.
@@ -339,58 +252,22 @@ def backward(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r"""Compute the gradients of layer normalization from the upstream gradient ``dy``.
 
-    With ``g = gamma * dy`` and ``mean`` the mean over the row::
-
-        dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
-        dgamma = sum over rows of dy * xhat,   dbeta = sum over rows of dy
-
-    (see the chapter "Deriving the backward", ``book/02_derivation.md``).
-
     Parameters
     ----------
     dy : array_like, shape of ``x``
-        Upstream gradient dL/dy, floating. Not modified.
+        Upstream gradient dL/dy, floating.
     cache : LayerNormCache
         From :func:`forward`.
     block_rows : int, optional
-        None (default): the fused loop of :func:`lnorm.fused.backward`.
-        An int: :func:`backward_formula` in float64 on blocks of that many
-        rows, into buffers allocated once.
+        The schedule (see the module docstring).
     out : ndarray, optional
-        An array of the shape and dtype of ``x`` to write ``dx`` into, as in
-        :func:`lnorm.fused.backward`.
+        An array of the shape and dtype of ``x`` to write ``dx`` into.
 
     Returns
     -------
     dx : ndarray, shape and dtype of ``x``
-        Gradient with respect to ``x`` (``out`` when given).
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
-        Summed over every leading axis (zero rows give zeros); accumulated
-        in float64, then rounded once to the dtype of ``gamma``.
-
-    Raises
-    ------
-    TypeError
-        ``cache`` not a LayerNormCache, a non-floating ``dy``, or a
-        ``block_rows`` that is not an integer.
-    ValueError
-        ``dy`` not of the shape of ``x``, ``block_rows < 1``.
-    TypeError, ValueError
-        An ``out`` that :func:`lnorm.validate.check_backward_out` refuses.
-
-    See Also
-    --------
-    forward : Makes the cache.
-    backward_formula : The same arithmetic as plain NumPy, without checks.
-    lnorm.fused.backward : The default schedule.
-    lnorm.gradcheck.check_gradients : Checks these gradients numerically.
-
-    Notes
-    -----
-    The two schedules agree to float64 rounding before the final rounding
-    to the dtype of ``x``; the sums behind ``dgamma`` and ``dbeta`` are
-    associated differently, so the last bits can differ between them (each
-    gives the same bits on every call).
+        Summed over every leading axis (zero rows give zeros).
 
     Examples
     --------
@@ -450,35 +327,19 @@ def tile_rows(
 ) -> int:
     r"""Rows per block so that a tiled function's float64 temporaries fit a budget.
 
-    The tiled forward keeps about four block-sized float64 arrays alive at
-    once, the tiled backward six; the result is the largest block whose
-    arrays fit ``budget_bytes``.
+    The tiled forward keeps four block-sized float64 arrays alive at once, the
+    tiled backward six: the result is ``max(1, budget_bytes // (arrays * 8 * D))``.
 
     Parameters
     ----------
     D : int
         Row length (>= 1).
     direction : {"forward", "backward"}, default "backward"
-        Which tiled function the block is for.
     budget_bytes : int, default :data:`TILE_BYTES`
-        Bytes of cache the block's temporaries may take.
 
     Returns
     -------
     int
-        ``max(1, budget_bytes // (buffers * 8 * D))``.
-
-    Raises
-    ------
-    TypeError
-        ``D`` or ``budget_bytes`` not an integer.
-    ValueError
-        ``D < 1``, ``budget_bytes < 1``, or an unknown ``direction``.
-
-    See Also
-    --------
-    forward, backward : Take the result as ``block_rows=``.
-    lnorm.bench.tile_sweep : Times the tiled backward for several sizes.
 
     Examples
     --------

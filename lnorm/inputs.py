@@ -1,7 +1,7 @@
-r"""Seeded inputs ``x, gamma, beta, dy`` for a chapter, a benchmark or a test.
+r"""Seeded inputs ``x, gamma, beta, dy``, from one generator.
 
-One generator, so that a chapter, ``python -m lnorm.bench``, the GPU checks
-and the tests draw the same arrays from the same seed.
+A chapter, ``python -m lnorm.bench``, the GPU checks and the tests draw the
+same arrays from the same seed.
 """
 
 from __future__ import annotations
@@ -17,33 +17,22 @@ def make_inputs(shape: Sequence[int], dtype, seed: int = 0, *,
                 loc: float = 0.5, scale: float = 2.0, param_scale: float = 0.3):
     r"""Draw seeded inputs ``x, gamma, beta, dy`` for a benchmark or a test.
 
-    Normal draws, in this order from ``numpy.random.default_rng(seed)``:
-    ``x`` with mean ``loc`` and standard deviation ``scale`` (an offset the
-    centring must remove), ``gamma`` with mean 1 and deviation
-    ``param_scale``, ``beta`` with mean 0 and deviation ``param_scale``,
-    ``dy`` standard; converted to ``dtype`` last.
+    Normal draws, in this order, from ``numpy.random.default_rng(seed)``:
+    ``x`` with mean ``loc`` and deviation ``scale`` (an offset the centring must
+    remove), ``gamma`` with mean 1 and ``beta`` with mean 0, both with deviation
+    ``param_scale``, then ``dy`` standard; all converted to ``dtype`` last.
 
     Parameters
     ----------
     shape : sequence of int
-        Shape ``(..., D)`` of ``x`` and ``dy``.
+        Shape ``(..., D)`` of ``x`` and ``dy``; ``gamma`` and ``beta`` are ``(D,)``.
     dtype : dtype-like
-        Dtype of all four arrays.
     seed : int, default 0
-        Seed of the generator.
-    loc, scale : float, default 0.5 and 2.0
-        Mean and standard deviation of ``x``.
-    param_scale : float, default 0.3
-        Standard deviation of ``gamma`` and ``beta``.
+    loc, scale, param_scale : float, default 0.5, 2.0 and 0.3
 
     Returns
     -------
     x, gamma, beta, dy : ndarray
-        ``x`` and ``dy`` of ``shape``, ``gamma`` and ``beta`` of ``(D,)``.
-
-    See Also
-    --------
-    lnorm.bench.run : Times the ladder on these inputs.
 
     Examples
     --------
