@@ -1,15 +1,30 @@
-r"""Finite-difference estimates of a gradient, and the error against the step.
+"""Finite-difference estimates of a gradient, and their error against the step.
 
-Central differences and the complex step, with relative steps
-``h_i = h * max(1, |a_i|)`` and the step actually taken after rounding; the
-step sweep that draws the U-curve of error against step. Theory: the chapter
-"Checking gradients" (``book/03_gradcheck.md``); :mod:`lnorm.gradcheck`
-compares these estimates with a hand-written gradient.
+The shared conventions (also those of :mod:`lnorm.gradcheck`):
+
+* ``f(*arrays)`` returns a real scalar loss; ``arrays`` is a non-empty list
+  of float16, float32 or float64 arrays, never modified. Gradients and
+  estimates are float64, one per argument; ``None`` skips an argument.
+* ``method`` is ``"central"``, ``(f(a + h_i e_i) - f(a - h_i e_i)) / s_i``,
+  or ``"complex"``, the complex step ``Im f(a + i h_i e_i) / h_i``, which
+  needs a complex-safe ``f`` (no ``abs``, no ``.real``; float16 and float32
+  arguments move in complex64).
+* Steps are relative, ``h_i = h * max(1, |a_i|)``, and every quotient divides
+  by the displacement actually taken after rounding: ``s_i = fl(a_i + h_i) -
+  fl(a_i - h_i)``, about ``2 h_i``, for central differences.
+* A step that rounds away (or underflows, for the complex step) raises
+  :class:`StepTooSmallError`, a ``ValueError``; bad arguments or an ``f``
+  that returns no real scalar raise ``TypeError`` or ``ValueError`` naming
+  the argument.
+
+With ``F`` the size of the loss and ``M`` that of its third derivative, the
+central error is about ``M h**2 / 6`` (truncation) plus ``u F / h``
+(rounding), smallest at ``h = (3 u F / M)**(1/3)``, of order ``u**(1/3)``;
+the complex step has no rounding term. Theory: the chapter "Checking
+gradients" (``book/03_gradcheck.md``).
 
 Examples
 --------
->>> import numpy as np
->>> from lnorm.finitediff import central_difference
 >>> g = central_difference(lambda a: (a**3).sum(), [np.array([1.0, 2.0])])[0]
 >>> np.round(g, 6)
 array([ 3., 12.])
@@ -41,27 +56,11 @@ COMPLEX_STEP = 1e-30
 
 
 class StepTooSmallError(ValueError):
-    r"""A step vanished: ``a_i + h_i`` rounds to ``a_i`` in the dtype.
-
-    For the complex step: the imaginary part ``h_i`` underflows to zero in
-    the complex dtype.
-
-    See Also
-    --------
-    relative_steps : The step of each element.
-
-    Examples
-    --------
-    >>> try:
-    ...     central_difference(lambda a: a.sum(), [np.ones(2, np.float32)], h=1e-12)
-    ... except StepTooSmallError as err:
-    ...     print(isinstance(err, ValueError))
-    True
-    """
+    """A step vanished: ``a_i + h_i`` rounds to ``a_i``, or ``h_i`` underflows."""
 
 
 def unit_roundoff(dtype) -> float:
-    r"""Unit roundoff ``u = eps / 2`` of a floating dtype.
+    """Unit roundoff ``u = eps / 2`` of a floating dtype.
 
     Parameters
     ----------
@@ -71,50 +70,23 @@ def unit_roundoff(dtype) -> float:
     -------
     float
 
-    See Also
-    --------
-    default_step : Derives the central-difference step from ``u``.
-
     Examples
     --------
-    >>> unit_roundoff(np.float32) == 2.0**-24
-    True
+    >>> unit_roundoff(np.float32) == 2.0**-24, unit_roundoff(np.float64) == 2.0**-53
+    (True, True)
     """
     return float(np.finfo(np.dtype(dtype)).eps) / 2.0
 
 
 def check_method(method) -> str:
-    r"""``method`` if it is one of :data:`METHODS`.
-
-    Parameters
-    ----------
-    method : {"central", "complex"}
-
-    Returns
-    -------
-    str
-
-    Raises
-    ------
-    ValueError
-        For any other value.
-
-    See Also
-    --------
-    default_step : The step of each method.
-
-    Examples
-    --------
-    >>> check_method("complex")
-    'complex'
-    """
+    """``method`` if it is one of :data:`METHODS`."""
     if method not in METHODS:
         raise ValueError(f"method must be 'central' or 'complex'; got {method!r}.")
     return method
 
 
 def default_step(method: str, dtype=np.float64) -> float:
-    r"""Default relative step: ``u**(1/3)`` central, 1e-30 complex.
+    """Default relative step: ``u**(1/3)`` for central differences, 1e-30 complex.
 
     Parameters
     ----------
@@ -126,17 +98,10 @@ def default_step(method: str, dtype=np.float64) -> float:
     -------
     float
 
-    Raises
-    ------
-    ValueError
-        For an unknown ``method``.
-
-    See Also
-    --------
-    lnorm.gradcheck.default_tolerance : The matching threshold.
-
     Examples
     --------
+    >>> default_step("central", np.float32) == unit_roundoff(np.float32) ** (1 / 3)
+    True
     >>> default_step("complex")
     1e-30
     """
@@ -146,55 +111,12 @@ def default_step(method: str, dtype=np.float64) -> float:
 
 
 def relative_steps(a, h: float) -> np.ndarray:
-    r"""The step of each element, ``h_i = h * max(1, |a_i|)``.
-
-    Parameters
-    ----------
-    a : array_like
-    h : float
-
-    Returns
-    -------
-    ndarray of float64, shape of ``a``
-
-    See Also
-    --------
-    default_step : The default ``h``.
-
-    Examples
-    --------
-    >>> relative_steps(np.array([0.1, -3.0, 1e8]), 1e-5)
-    array([1.e-05, 3.e-05, 1.e+03])
-    """
+    """The step of each element, ``h_i = h * max(1, |a_i|)``, in float64."""
     return h * np.maximum(1.0, np.abs(np.asarray(a, dtype=np.float64)))
 
 
 def as_arguments(arrays) -> list[np.ndarray]:
-    r"""The arguments of a loss as float arrays, checked.
-
-    Parameters
-    ----------
-    arrays : list or tuple of array_like
-        Non-empty; float16, float32 or float64 each.
-
-    Returns
-    -------
-    list of ndarray
-
-    Raises
-    ------
-    TypeError
-        If ``arrays`` is not a non-empty list or tuple, or an entry is not float.
-
-    See Also
-    --------
-    as_gradients : The gradients that go with them.
-
-    Examples
-    --------
-    >>> [a.dtype.name for a in as_arguments([np.ones(2), np.ones(3, np.float32)])]
-    ['float64', 'float32']
-    """
+    """The arguments of a loss as float arrays, checked."""
     if not isinstance(arrays, (list, tuple)) or not arrays:
         raise TypeError("arrays must be a non-empty list of the arguments of f, "
                         "e.g. [x] or [x, gamma, beta].")
@@ -202,34 +124,7 @@ def as_arguments(arrays) -> list[np.ndarray]:
 
 
 def as_gradients(grads, others, what: str, name: str = "grads") -> list:
-    r"""Gradients as float64 arrays, one per entry of ``others`` (None kept).
-
-    Parameters
-    ----------
-    grads : list or tuple of array_like or None
-    others : sequence of array_like
-        The arguments (or estimates) the gradients pair with.
-    what, name : str
-        Names for the messages.
-
-    Returns
-    -------
-    list of ndarray or None
-
-    Raises
-    ------
-    TypeError, ValueError
-        Not a list; another length or shape; all None.
-
-    See Also
-    --------
-    as_arguments : The arguments themselves.
-
-    Examples
-    --------
-    >>> as_gradients([None, [1, 2]], [np.ones(3), np.ones(2)], "arrays")[1]
-    array([1., 2.])
-    """
+    """Gradients as float64 arrays, one per entry of ``others`` (None kept), checked."""
     if not isinstance(grads, (list, tuple)):
         raise TypeError(f"{name} must be a list or tuple with one gradient (or None) "
                         f"per argument; got {type(grads).__name__}.")
@@ -259,50 +154,7 @@ def _scalar(value, complex_step: bool = False):
 
 
 def displaced(f, arrays: list, moves: dict, method: str):
-    r"""The change of ``f`` along a displacement, and the displacement taken.
-
-    Central: ``f(a + d) - f(a - d)``; complex step: ``Im f(a + i d)``, with the
-    displaced arguments rounded to their dtype (complex64 for float16 and
-    float32). The displacement actually taken is returned, so that a quotient
-    divides by what was really added: for central differences it is the whole
-    span ``fl(a + d) - fl(a - d)``, about ``2 d``; for the complex step the
-    rounded ``d``.
-
-    Parameters
-    ----------
-    f : callable
-        Scalar loss of the arguments.
-    arrays : list of ndarray
-        The arguments (:func:`as_arguments`).
-    moves : dict of int to ndarray
-        Displacement ``d`` of argument ``k``; the others stay put.
-    method : {"central", "complex"}
-
-    Returns
-    -------
-    diff : float
-        ``f(a + d) - f(a - d)``, or ``Im f(a + i d)``.
-    taken : dict of int to ndarray
-        The float64 displacement taken for each key of ``moves``.
-
-    Raises
-    ------
-    ValueError, TypeError
-        If ``f`` returns no scalar, drops the imaginary part, or returns a
-        complex number for real arguments.
-
-    See Also
-    --------
-    estimate : One displacement per element.
-
-    Examples
-    --------
-    >>> a = [np.array([1.0, 2.0])]
-    >>> diff, taken = displaced(lambda a: (a**2).sum(), a, {0: np.array([1e-3, 0])},
-    ...                         "central")
-    >>> round(float(diff / taken[0][0]), 6)  # d(a**2)/da at a = 1
-    2.0
-    """
+    """``f(a + d) - f(a - d)`` or ``Im f(a + i d)``, and the displacement taken."""
     if method == "central":
         sides = [[(a + sign * moves[k]).astype(a.dtype) if k in moves else a.copy()
                   for k, a in enumerate(arrays)] for sign in (1.0, -1.0)]
@@ -315,44 +167,7 @@ def displaced(f, arrays: list, moves: dict, method: str):
 
 
 def estimate(f, arrays: list, h: float, method: str, which) -> list:
-    r"""Elementwise gradient estimates for the arguments in ``which``.
-
-    Element ``i`` of argument ``k`` moves by ``h * max(1, |a_i|)``
-    (:func:`relative_steps`); the estimate divides the change of ``f`` by the
-    displacement actually taken (:func:`displaced`: about ``2 h_i`` for
-    central differences, ``h_i`` for the complex step).
-
-    Parameters
-    ----------
-    f : callable
-    arrays : list of ndarray
-    h : float
-        Relative step.
-    method : {"central", "complex"}
-    which : iterable of int
-        The arguments to estimate; the others get None.
-
-    Returns
-    -------
-    list of ndarray or None
-
-    Raises
-    ------
-    StepTooSmallError
-        If a step rounds away (or underflows, for the complex step).
-    ValueError, TypeError
-        As :func:`displaced`.
-
-    See Also
-    --------
-    central_difference, complex_step : Every argument at once.
-
-    Examples
-    --------
-    >>> estimate(lambda a, b: (a * b).sum(), [np.ones(2), np.full(2, 3.0)], 1e-30,
-    ...          "complex", [1])
-    [None, array([1., 1.])]
-    """
+    """Elementwise gradient estimates of the arguments in ``which``, None elsewhere."""
     out: list = [None] * len(arrays)
     for k in which:
         a, steps = arrays[k], relative_steps(arrays[k], h)
@@ -373,19 +188,13 @@ def estimate(f, arrays: list, h: float, method: str, which) -> list:
 
 
 def central_difference(f: Callable, arrays, h: float | None = None) -> list:
-    r"""Central-difference gradient, ``(f(a + h_i e_i) - f(a - h_i e_i)) / s_i``.
-
-    ``h_i = h * max(1, |a_i|)`` and ``s_i = fl(a_i + h_i) - fl(a_i - h_i)``,
-    the span actually taken (``2 h_i`` before rounding). The error is about
-    ``h**2`` (truncation) plus ``u / h`` (rounding), smallest near
-    ``h = u**(1/3)``.
+    """Central-difference gradient of ``f`` with respect to every argument.
 
     Parameters
     ----------
     f : callable
         ``f(*arrays)`` returns a real scalar.
     arrays : list of ndarray
-        Arguments of ``f``: float16, float32 or float64; never modified.
     h : float, optional
         Relative step; default :func:`default_step` of the widest dtype.
 
@@ -393,15 +202,6 @@ def central_difference(f: Callable, arrays, h: float | None = None) -> list:
     -------
     list of ndarray
         One float64 gradient per argument.
-
-    Raises
-    ------
-    StepTooSmallError, TypeError, ValueError
-        If a step rounds away; for bad arguments or a non-scalar ``f``.
-
-    See Also
-    --------
-    complex_step : Exact to rounding for complex-safe ``f``.
 
     Examples
     --------
@@ -415,58 +215,26 @@ def central_difference(f: Callable, arrays, h: float | None = None) -> list:
 
 
 def complex_step(f: Callable, arrays, h: float = COMPLEX_STEP) -> list:
-    r"""Complex-step gradient, ``Im f(a + i h_i e_i) / h_i``.
-
-    Parameters
-    ----------
-    f, arrays
-        As in :func:`central_difference`; ``f`` must be complex-safe (no ``abs``).
-    h : float, default 1e-30
-        Relative step.
-
-    Returns
-    -------
-    list of ndarray
-        One float64 gradient per argument.
-
-    Raises
-    ------
-    TypeError, StepTooSmallError, ValueError
-        If ``f`` returns a real number; if a step underflows; for bad arguments.
-
-    See Also
-    --------
-    central_difference : Needs no complex arithmetic.
-
-    Examples
-    --------
-    >>> complex_step(lambda a: (a**3).sum(), [np.array([2.0])])[0]
-    array([12.])
-    """
+    """Complex-step gradient of a complex-safe ``f``, as :func:`central_difference`."""
     arrays = as_arguments(arrays)
     h = check_positive(h, "h", "1e-30")
     return estimate(f, arrays, h, "complex", range(len(arrays)))
 
 
 def relative_error(grad, ref) -> tuple:
-    r"""``(max_abs_error, max_rel_error, denominator, worst_index)`` of two arrays.
+    """``(max_abs_error, max_rel_error, denominator, worst_index)`` of two arrays.
 
     ``max_rel_error = max|g - r| / max(max|g|, max|r|)``; a NaN counts as the
-    largest error. Two empty arrays give ``(0.0, 0.0, 0.0, ())``.
+    largest error. Two empty arrays give ``(0.0, 0.0, 0.0, ())``. The shapes are
+    not checked (NumPy would broadcast): the public functions check them.
 
     Parameters
     ----------
     grad, ref : array_like
-        Same shape. Not checked here (NumPy would broadcast):
-        :func:`as_gradients` checks it for the public functions.
 
     Returns
     -------
     tuple of (float, float, float, tuple of int)
-
-    See Also
-    --------
-    lnorm.gradcheck.compare_gradients : One such row per argument.
 
     Examples
     --------
@@ -486,24 +254,7 @@ def relative_error(grad, ref) -> tuple:
 
 @dataclass(frozen=True)
 class StepSweep:
-    r"""Relative error of an elementwise estimate for each step in ``hs``.
-
-    Parameters
-    ----------
-    method : {"central", "complex"}
-    dtype : numpy.dtype
-    hs, max_rel_error : ndarray of float64
-        The steps and the error at each (NaN where a step rounded away).
-
-    See Also
-    --------
-    step_sweep : Produces it.
-
-    Examples
-    --------
-    >>> step_sweep(lambda a: (a**3).sum(), [np.ones(3)], [1e-1, 1e-5]).best_h
-    1e-05
-    """
+    """The relative error of an estimate at each step of ``hs``."""
 
     method: str
     dtype: np.dtype
@@ -512,43 +263,36 @@ class StepSweep:
 
     @property
     def best_h(self) -> float:
-        r"""The step with the smallest error (ValueError if every one is NaN)."""
+        """The step with the smallest error (ValueError if every one is NaN)."""
         return float(self.hs[np.nanargmin(self.max_rel_error)])
 
     @property
     def best_rel_error(self) -> float:
-        r"""The smallest error over the sweep."""
+        """The smallest error over the sweep."""
         return float(np.nanmin(self.max_rel_error))
 
 
 def step_sweep(f: Callable, arrays, hs, *, reference=None,
                method: str = "central") -> StepSweep:
-    r"""Error of the elementwise gradient estimate of ``f`` for each step in ``hs``.
+    """Error of the elementwise gradient estimate of ``f`` for each step in ``hs``.
+
+    A step that rounds away gives NaN there, not an error.
 
     Parameters
     ----------
     f, arrays, method
-        As in :func:`lnorm.gradcheck.check_gradients`.
+        As in the module docstring.
     hs : sequence of float
         Relative steps, each finite and > 0.
     reference : list of array_like or None, optional
-        One per argument (None skips one); default the complex step of ``f``
-        on the arguments in float64, which needs a complex-safe ``f``: pass
-        ``reference`` for any other.
+        One per argument; default the complex step of ``f`` on the arguments in
+        float64 (so pass one for an ``f`` that is not complex-safe).
 
     Returns
     -------
     StepSweep
-
-    Raises
-    ------
-    TypeError, ValueError
-        For bad arguments or steps, or (default ``reference``) an ``f`` that
-        is not complex-safe. A step that rounds away gives NaN, not an error.
-
-    See Also
-    --------
-    central_difference : The estimate at one step.
+        ``method``, ``dtype``, ``hs``, ``max_rel_error``, ``best_h`` and
+        ``best_rel_error``.
 
     Examples
     --------

@@ -1,56 +1,42 @@
-r"""Row-wise mean and variance: five floating-point algorithms and an exact reference.
+"""Row-wise mean and variance: five floating-point algorithms and an exact reference.
 
-Every function works over the last axis of ``x`` (a row of length ``D``),
-vectorized across rows, and returns :class:`RowStats` ``(mean, var)`` of shape
-``x.shape[:-1]`` with the biased variance ``var = sum((x - mean)**2) / D``.
+Every function works over the last axis of ``x`` (rows of length ``D``),
+vectorized across rows, and returns :class:`RowStats` ``(mean, var)`` of
+shape ``x.shape[:-1]``, with the biased variance ``var = sum((x - mean)**2) / D``.
+``x`` holds float16, float32 or float64 values, is never modified, and bad
+input raises as in :mod:`lnorm.validate`.
 
-The floating algorithms take the accumulation dtype ``dtype`` (float16,
-float32 or float64; default: the dtype of ``x``). ``x`` is rounded to it once
-and every operation after that runs in it, so the same algorithm can be
-studied in each precision.
+The floating algorithms take ``(x, dtype=None)``: ``dtype`` is the
+accumulation dtype (float16, float32 or float64; default that of ``x``). ``x``
+is copied into it once, in C order, and every operation after that runs in
+it, so the same algorithm can be studied in each precision.
 
-Error bounds, relative to the variance, with ``u`` the unit roundoff of the
-accumulation dtype and ``kappa = sqrt(1 + mean**2 / var)`` the condition
-number (:func:`condition_number`). The sums here are NumPy's, pairwise along
-the row, so ``L = log2(D)`` stands where recursive summation would have ``D``
-(Chan, Golub and LeVeque 1983; Higham 2002). ``L`` is the order of growth, not
-an exact count: NumPy sums blocks of up to 128 elements with eight interleaved
-accumulators and splits pairwise only above that:
+Error bounds relative to the variance, with ``u`` the unit roundoff of the
+accumulation dtype and ``kappa = sqrt(1 + mean**2 / var)``
+(:func:`condition_number`). NumPy's sums are pairwise, so ``L = log2(D)``
+stands where recursive summation would have ``D`` (Chan, Golub and LeVeque
+1983; Higham 2002). ``L`` is the order of growth, not an exact count: NumPy
+sums blocks of up to 128 elements with eight interleaved accumulators and
+splits pairwise only above that.
 
 ``naive``
     ``mean(x**2) - mean(x)**2``: one pass, but the subtraction cancels;
     about ``L u kappa**2``.
 ``two_pass``
-    The mean, then the mean of squared deviations: about
-    ``L u + (L u kappa)**2``.
+    The mean, then the mean of squared deviations: ``L u + (L u kappa)**2``.
 ``corrected_two_pass``
-    Two-pass with the mean corrected by the mean of the deviations:
-    about ``L u + L**3 u**3 kappa**2``.
+    Two-pass from the corrected mean ``m_hi + m_lo``: ``L u + L**3 u**3 kappa**2``.
 ``welford``
-    Welford's streaming update of ``(n, mean, M2)``, one column at a time
-    (sequential, so ``D``, not ``L``): at most about ``D u kappa``.
+    Welford's streaming update, one column at a time (sequential, so ``D``,
+    not ``L``): at most about ``D u kappa``.
 ``chan``
-    Chan's pairwise merge of partial ``(n, mean, M2)``, the shape of a GPU
-    reduction tree: at most about ``L u kappa``.
+    Chan's pairwise merge of partial ``(n, mean, M2)``, element ``i`` with
+    ``i + h`` at each level as a GPU reduction tree does: about ``L u kappa``.
 ``exact``
-    The mean and variance of the given floating values in exact rational
-    arithmetic (:class:`fractions.Fraction`), rounded once to float64.
+    Exact rational arithmetic, rounded once to float64: the reference.
 
-NumPy's ``sum`` along a contiguous axis is pairwise, and for float16 it adds
-in float32 internally and rounds the total once; along a strided axis it adds
-element by element in the dtype itself, so every function here first copies
-``x`` into C order. Elementwise operations (``x * x``, ``x - mean``) run in the
-accumulation dtype. The derivations and measurements are in the chapter
-"The variance problem" (``book/04_stability.md``); low precision in the chapter
-"Layer norm in low precision" (``book/04b_low_precision.md``).
-
-Examples
---------
->>> import numpy as np
->>> from lnorm import variance
->>> row = 1e9 + np.array([1.0, -1.0, 2.0, -2.0])
->>> float(variance.naive(row).var), float(variance.two_pass(row).var)
-(0.0, 2.5)
+The chapters "The variance problem" (``book/04_stability.md``) and "Layer
+norm in low precision" (``book/04b_low_precision.md``) derive and measure them.
 """
 
 from __future__ import annotations
@@ -79,23 +65,7 @@ __all__ = [
 
 
 class RowStats(NamedTuple):
-    r"""Per-row mean and biased variance, each of shape ``x.shape[:-1]``.
-
-    Parameters
-    ----------
-    mean, var : ndarray
-        ``mean = sum(x) / D`` and ``var = sum((x - mean)**2) / D`` of each row.
-
-    See Also
-    --------
-    exact, ALGORITHMS
-
-    Examples
-    --------
-    >>> s = two_pass(np.array([[1.0, 3.0], [2.0, 2.0]]))
-    >>> s.mean.tolist(), s.var.tolist()
-    ([2.0, 2.0], [1.0, 0.0])
-    """
+    """Per-row mean and biased variance, each of shape ``x.shape[:-1]``."""
 
     mean: np.ndarray
     var: np.ndarray
@@ -116,35 +86,12 @@ def _prepare(x: ArrayLike, dtype: DTypeLike | None) -> np.ndarray:
 
 
 def naive(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    r"""Textbook one-pass variance, ``var = mean(x**2) - mean(x)**2``.
+    """Textbook one-pass variance, ``var = mean(x**2) - mean(x)**2``.
 
-    Both terms are of size ``mean**2 + var``; their difference is ``var``, so a
-    rounding error of ``u (mean**2 + var)`` becomes a relative error of about
+    Both terms are of size ``mean**2 + var`` and their difference is ``var``, so
+    a rounding error of ``u (mean**2 + var)`` becomes a relative error of about
     ``u kappa**2``. Once ``kappa**2`` nears ``1/u`` the result can be zero or
     negative; it is returned as computed (no clamp), so that callers see it.
-
-    Parameters
-    ----------
-    x : array_like, shape (..., D)
-        float16, float32 or float64 values, ``D >= 1``. Not modified.
-    dtype : {float16, float32, float64}, optional
-        Accumulation dtype; default the dtype of ``x``.
-
-    Returns
-    -------
-    RowStats
-        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
-    ValueError
-        If ``x`` is 0-d or ``D = 0``.
-
-    See Also
-    --------
-    two_pass, condition_number
 
     Examples
     --------
@@ -160,37 +107,13 @@ def naive(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
 
 
 def two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    r"""Two-pass variance: the mean first, then the mean of squared deviations.
+    """Two-pass variance: the mean first, then the mean of squared deviations.
 
-    ``mean = fl(sum(x) / D)``, ``var = sum((x - mean)**2) / D``. Nothing large
-    cancels, but the computed mean is off by some ``delta`` (of order
-    ``log2(D) u |mean|``) and, since exact deviations sum to zero,
-    ``sum((x - mean - delta)**2) = sum((x - mean)**2) + D delta**2``: a relative
-    error of about ``(log2(D) u kappa)**2`` on top of ``log2(D) u``, invisible
-    until ``kappa`` nears ``u**-1/2`` (Chan, Golub and LeVeque 1983).
-
-    Parameters
-    ----------
-    x : array_like, shape (..., D)
-        float16, float32 or float64 values, ``D >= 1``. Not modified.
-    dtype : {float16, float32, float64}, optional
-        Accumulation dtype; default the dtype of ``x``.
-
-    Returns
-    -------
-    RowStats
-        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
-    ValueError
-        If ``x`` is 0-d or ``D = 0``.
-
-    See Also
-    --------
-    corrected_two_pass, naive
+    Nothing large cancels, but the computed mean is off by some ``delta`` and,
+    since exact deviations sum to zero, ``sum((x - mean - delta)**2) =
+    sum((x - mean)**2) + D delta**2``. With ``delta`` of order ``L u |mean|``
+    that adds ``(L u kappa)**2``, which overtakes ``L u`` near
+    ``kappa = (L u)**-1/2``.
 
     Examples
     --------
@@ -206,36 +129,13 @@ def two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
 
 def corrected_mean(x: ArrayLike, dtype: DTypeLike | None = None
                    ) -> tuple[np.ndarray, np.ndarray]:
-    r"""The mean of each row as two numbers, ``m_hi + m_lo``, in ``dtype``.
+    """The mean of each row as two arrays ``m_hi, m_lo`` of shape ``(..., 1)``.
 
     ``m_hi = fl(sum(x) / D)`` and ``m_lo = fl(sum(x - m_hi) / D)``: the mean of
     the deviations from ``m_hi`` is minus ``m_hi``'s own error. Where the offset
     dominates the row, ``x - m_hi`` is exact (Sterbenz's lemma), so centring as
     ``(x - m_hi) - m_lo`` leaves an error of order ``u * std``, not
-    ``u * |mean|``. This is the mean of the fused GPU kernel (the chapters
-    "The variance problem" and "One kernel: fused layer norm on the GPU").
-
-    Parameters
-    ----------
-    x : array_like, shape (..., D)
-        float16, float32 or float64 values, ``D >= 1``. Not modified.
-    dtype : {float16, float32, float64}, optional
-        Accumulation dtype; default the dtype of ``x``.
-
-    Returns
-    -------
-    m_hi, m_lo : ndarray, shape ``x.shape[:-1] + (1,)``, in ``dtype``
-
-    Raises
-    ------
-    TypeError
-        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
-    ValueError
-        If ``x`` is 0-d or ``D = 0``.
-
-    See Also
-    --------
-    corrected_two_pass
+    ``u * |mean|``. The fused GPU kernel centres this way.
 
     Examples
     --------
@@ -252,37 +152,12 @@ def corrected_mean(x: ArrayLike, dtype: DTypeLike | None = None
 
 
 def corrected_two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    r"""Two-pass variance from the corrected mean ``m_hi + m_lo``.
+    """Two-pass variance from the corrected mean of :func:`corrected_mean`.
 
-    ``c = (x - m_hi) - m_lo`` (:func:`corrected_mean`), ``var = sum(c**2) / D``.
-    In exact arithmetic this is the corrected two-pass formula of Chan, Golub and
-    LeVeque (1983), ``(sum(d**2) - sum(d)**2 / D) / D`` with ``d = x - m_hi``. The
-    ``D delta**2`` term of :func:`two_pass` is gone; what is left is of order
-    ``log2(D) u`` until ``kappa`` nears ``1 / (log2(D) u)``. ``mean`` is ``m_hi + m_lo``
-    rounded to ``dtype``.
-
-    Parameters
-    ----------
-    x : array_like, shape (..., D)
-        float16, float32 or float64 values, ``D >= 1``. Not modified.
-    dtype : {float16, float32, float64}, optional
-        Accumulation dtype; default the dtype of ``x``.
-
-    Returns
-    -------
-    RowStats
-        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
-    ValueError
-        If ``x`` is 0-d or ``D = 0``.
-
-    See Also
-    --------
-    corrected_mean, two_pass
+    ``var = sum(c**2) / D`` with ``c = (x - m_hi) - m_lo``: in exact arithmetic
+    the corrected two-pass formula of Chan, Golub and LeVeque (1983),
+    ``(sum(d**2) - sum(d)**2 / D) / D`` with ``d = x - m_hi``. The ``D delta**2``
+    term of :func:`two_pass` is gone. ``mean`` is ``m_hi + m_lo`` rounded.
 
     Examples
     --------
@@ -298,38 +173,14 @@ def corrected_two_pass(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats
 
 
 def welford(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    r"""Welford's one-pass streaming variance, vectorized across rows.
+    """Welford's one-pass streaming variance, vectorized across rows.
 
     For ``j = 1 .. D``, one column at a time for every row::
 
         delta = x_j - m;  m = m + delta / j;  M = M + delta * (x_j - m)
 
     and ``var = M / D``. Every update works with deviations from the running
-    mean, so it never forms ``mean**2`` (Welford 1962); the error bound grows
-    like ``D u kappa`` (Chan, Golub and LeVeque 1983).
-
-    Parameters
-    ----------
-    x : array_like, shape (..., D)
-        float16, float32 or float64 values, ``D >= 1``. Not modified.
-    dtype : {float16, float32, float64}, optional
-        Accumulation dtype; default the dtype of ``x``.
-
-    Returns
-    -------
-    RowStats
-        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
-    ValueError
-        If ``x`` is 0-d or ``D = 0``.
-
-    See Also
-    --------
-    chan, two_pass
+    mean, so it never forms ``mean**2`` (Welford 1962).
 
     Examples
     --------
@@ -351,48 +202,7 @@ def welford(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
 
 
 def chan(x: ArrayLike, dtype: DTypeLike | None = None) -> RowStats:
-    r"""Chan's pairwise merge of partial ``(n, mean, M2)``: a reduction tree.
-
-    Every element starts as a partial ``(1, x_j, 0)``. Each level merges partial
-    ``i`` with partial ``i + h`` (``h`` half the count, the pattern of a
-    warp-shuffle tree; an odd one out waits a level)::
-
-        n = n_a + n_b;  delta = m_b - m_a;  m = m_a + delta * n_b / n
-        M = M_a + M_b + delta**2 * n_a * n_b / n
-
-    and ``var = M / D`` after ``ceil(log2(D))`` levels (Chan, Golub and LeVeque
-    1983). The weights ``n_b / n`` and ``n_a n_b / n`` are formed in float64 and
-    rounded once to ``dtype``, as a kernel would hold them as constants.
-
-    Parameters
-    ----------
-    x : array_like, shape (..., D)
-        float16, float32 or float64 values, ``D >= 1``. Not modified.
-    dtype : {float16, float32, float64}, optional
-        Accumulation dtype; default the dtype of ``x``.
-
-    Returns
-    -------
-    RowStats
-        ``mean`` and ``var``, shape ``x.shape[:-1]``, in ``dtype``.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` has no floating dtype or ``dtype`` is not one of the three.
-    ValueError
-        If ``x`` is 0-d or ``D = 0``.
-
-    See Also
-    --------
-    welford, two_pass
-
-    Examples
-    --------
-    >>> s = chan(np.array([[1.0, 2.0, 3.0, 4.0, 5.0]]))
-    >>> s.mean.tolist(), s.var.tolist()
-    ([3.0], [2.0])
-    """
+    """Chan's pairwise merge of partial ``(n, mean, M2)``: a reduction tree."""
     xa = _prepare(x, dtype)
     D = xa.shape[-1]
     n = np.ones(D, dtype=np.int64)
@@ -436,36 +246,16 @@ def _check_finite(x: np.ndarray, name: str) -> None:
 
 
 def exact_row(row: ArrayLike) -> tuple[Fraction, Fraction]:
-    r"""Exact mean and (biased) variance of one row of floating values.
+    """Exact mean and (biased) variance of one row, as two Fractions.
 
     Every finite float is a dyadic rational ``N_j / 2**k_j``. Scaled to a common
-    denominator ``2**K``, the row becomes integers ``N_j``, and, with
+    denominator ``2**K`` the row becomes integers ``N_j`` and, with
     ``S1 = sum(N_j)`` and ``S2 = sum(N_j**2)``::
 
         mean = S1 / (D 2**K),    var = (D S2 - S1**2) / (D**2 2**(2K))
 
-    computed in Python integers, with no rounding at all; in exact arithmetic the
+    in Python integers, with no rounding at all: in exact arithmetic the
     one-pass formula is safe.
-
-    Parameters
-    ----------
-    row : array_like, shape (D,)
-        Finite float16, float32 or float64 values, ``D >= 1``.
-
-    Returns
-    -------
-    mean, var : fractions.Fraction
-
-    Raises
-    ------
-    TypeError
-        If ``row`` has no floating dtype.
-    ValueError
-        If ``row`` is not one-dimensional with ``D >= 1``, or holds inf or nan.
-
-    See Also
-    --------
-    exact
 
     Examples
     --------
@@ -481,35 +271,11 @@ def exact_row(row: ArrayLike) -> tuple[Fraction, Fraction]:
 
 
 def exact(x: ArrayLike) -> RowStats:
-    r"""Exact mean and variance of every row, each rounded once to float64.
+    """Exact mean and variance of every row, each rounded once to float64.
 
-    The reference for the floating algorithms: each result is the correctly
-    rounded value of the exact rational one of :func:`exact_row`. It loops over
-    rows and elements in Python, so keep it to small inputs.
-
-    Parameters
-    ----------
-    x : array_like, shape (..., D)
-        Finite float16, float32 or float64 values, ``D >= 1``. Not modified.
-
-    Returns
-    -------
-    RowStats
-        float64 ``mean`` and ``var``, shape ``x.shape[:-1]``.
-
-    Raises
-    ------
-    TypeError
-        If ``x`` has no floating dtype.
-    ValueError
-        If ``x`` is 0-d, ``D = 0``, or ``x`` holds inf or nan.
-    OverflowError
-        If a row's variance exceeds the largest float64 (about 1.8e308);
-        the mean never does.
-
-    See Also
-    --------
-    exact_row, condition_number
+    Each result is the correctly rounded value of :func:`exact_row`'s. It loops
+    over rows and elements in Python, so keep it to small inputs. Finite values
+    only; a variance beyond the largest float64 raises ``OverflowError``.
 
     Examples
     --------
@@ -530,27 +296,12 @@ def exact(x: ArrayLike) -> RowStats:
 
 
 def condition_number(stats: RowStats) -> np.ndarray:
-    r"""Condition number of each row's variance, ``kappa = sqrt(1 + mean**2 / var)``.
+    """Condition number of each row's variance, ``kappa = sqrt(1 + mean**2 / var)``.
 
-    A relative perturbation of size ``u`` in every value changes the variance by
-    a relative amount of at most about ``2 u kappa``; the naive formula's rounding
-    error is about ``u kappa**2`` (Chan, Golub and LeVeque 1983). ``kappa = 1``
-    for a row centred at zero, about ``|mean| / std`` for a large offset.
-
-    Parameters
-    ----------
-    stats : RowStats
-        The mean and variance of the rows, usually :func:`exact`'s.
-
-    Returns
-    -------
-    ndarray of float64, shape of ``stats.var``
-        ``inf`` for a constant nonzero row, ``nan`` for a row of zeros; no
-        warning is raised for either.
-
-    See Also
-    --------
-    exact, naive
+    A relative perturbation of size ``u`` in every value changes the variance
+    by a relative amount of at most about ``2 u kappa``. ``kappa = 1`` for a row
+    centred at zero, about ``|mean| / std`` for a large offset; ``inf`` for a
+    constant nonzero row and ``nan`` for a row of zeros, without a warning.
 
     Examples
     --------

@@ -192,3 +192,20 @@ def test_relative_steps_keep_large_float32_arguments_accurate():
         down[i] -= h
         absolute.append((float(f(up)) - float(f(down))) / float(up[i] - down[i]))
     assert rel_error(exact, np.array(absolute)) > 1e-2  # why the step is relative
+
+
+def test_the_helpers_keep_dtypes_skip_arguments_and_divide_by_the_step_taken():
+    # What the helpers' docstring examples showed before they became one line.
+    args = finitediff.as_arguments([np.ones(2), np.ones(3, np.float32)])
+    assert [a.dtype for a in args] == [np.float64, np.float32]
+    grads = finitediff.as_gradients([None, [1, 2]], [np.ones(3), np.ones(2)], "arrays")
+    assert grads[0] is None and grads[1].dtype == np.float64
+    est = finitediff.estimate(lambda a, b: (a * b).sum(), [np.ones(2), np.full(2, 3.0)],
+                              1e-30, "complex", [1])
+    assert est[0] is None and np.array_equal(est[1], [1.0, 1.0])
+    a = [np.array([1.0, 2.0])]
+    diff, taken = finitediff.displaced(lambda a: (a**2).sum(), a,
+                                       {0: np.array([1e-3, 0.0])}, "central")
+    assert diff / taken[0][0] == pytest.approx(2.0, rel=1e-9)  # d(a**2)/da at a = 1
+    with pytest.raises(ValueError, match="method must be 'central' or 'complex'"):
+        finitediff.check_method("forward")
