@@ -1,15 +1,19 @@
-r"""Layer normalization in SymPy: the Jacobian for a given D, its closed form, the VJP.
+"""Layer normalization in SymPy: the Jacobian for a given D, its closed form, the VJP.
 
 For one row ``x = (x_1, ..., x_D)`` the forward is written as SymPy expressions
-in the real symbols ``x_i``, ``gamma_i``, ``beta_i`` and the positive ``epsilon``::
+in the real symbols ``x_i``, ``gamma_i``, ``beta_i``, ``dy_i`` (the upstream
+gradient) and the positive ``epsilon``::
 
     mu   = sum(x) / D             var  = sum((x - mu)**2) / D
     rstd = 1 / sqrt(var + eps)    xhat = (x - mu) * rstd
     y    = gamma * xhat + beta
 
-SymPy differentiates these expressions (``Matrix.jacobian``) with no knowledge
-of the closed forms; :func:`prove` then shows that the result equals what the
-book derives by hand::
+Every function that takes ``D`` (the row length, an integer >= 1, or
+``TypeError`` / ``ValueError``) builds these expressions afresh; they are
+meant for small ``D`` (the book runs 2 to 6), since a Jacobian has ``D**2``
+entries, each a sum over the row. SymPy differentiates them
+(``Matrix.jacobian``) with no knowledge of the closed forms, and
+:func:`prove` shows that the result equals what the book derives by hand::
 
     d xhat / dx = rstd * (I - 1 1^T / D - xhat xhat^T / D)
     dy / dx     = diag(gamma) * d xhat / dx
@@ -23,20 +27,16 @@ square roots, each residual is rewritten in ``(x, s)`` with
 change of variable (``eps > 0`` exactly when ``s > var(x)``). Every square root
 is then a power of the single positive symbol ``s``, and ``sympy.expand``
 decides whether the residual is zero: a sum of monomials in ``x_i``,
-``gamma_i`` and powers of ``s`` is zero exactly when every coefficient cancels.
-Each proof is for one concrete ``D``; the book runs D = 2..6. The derivation
-itself is in the chapter "Deriving the backward" (``book/02_derivation.md``).
+``gamma_i`` and powers of ``s`` is zero exactly when every coefficient
+cancels. A zero is a proof for all real ``x``, ``gamma``, ``dy`` and all
+``eps > 0``, for that one ``D`` (:mod:`lnorm.symbolic_sums` proves every
+``D``). The derivation is in the chapter "Deriving the backward"
+(``book/02_derivation.md``).
 
 The NumPy half (:func:`jacobian_numpy`, :func:`backward_via_jacobian`) builds
 the dense D x D Jacobian of every row from the closed form: the *naive*
 backward, O(D**2) per row, against which the compact :func:`lnorm.backward`
 (O(D) per row) is measured and checked.
-
-Examples
---------
->>> from lnorm import symbolic
->>> symbolic.prove(3, "closed_form")
-True
 """
 
 from __future__ import annotations
@@ -85,30 +85,7 @@ EVAL_DIGITS = 30
 
 @dataclass(frozen=True)
 class LayerNormSymbols:
-    r"""The symbols of one row of layer normalization.
-
-    Parameters
-    ----------
-    D : int
-        Row length.
-    x, gamma, beta, dy : sympy.Matrix, shape (D, 1)
-        Real symbols ``x_i``, ``gamma_i``, ``beta_i`` and the upstream gradient
-        ``dy_i``.
-    eps : sympy.Symbol
-        The positive symbol ``epsilon``.
-    s : sympy.Symbol
-        The positive symbol ``s`` that stands for ``var + epsilon`` in the proofs
-        (see the module docstring).
-
-    See Also
-    --------
-    symbols : Builds them.
-
-    Examples
-    --------
-    >>> symbols(2).x.T
-    Matrix([[x_1, x_2]])
-    """
+    """One row's symbols: ``D``, ``x``, ``gamma``, ``beta``, ``dy``, ``eps``, ``s``."""
 
     D: int
     x: sp.Matrix
@@ -121,26 +98,7 @@ class LayerNormSymbols:
 
 @dataclass(frozen=True)
 class ForwardExprs:
-    r"""The forward of one row as SymPy expressions in the symbols of a row.
-
-    Parameters
-    ----------
-    sym : LayerNormSymbols
-        The symbols the expressions are written in.
-    mu, var, rstd : sympy.Expr
-        Mean, biased variance and ``1 / sqrt(var + epsilon)``.
-    xhat, y : sympy.Matrix, shape (D, 1)
-        ``(x - mu) * rstd`` and ``gamma * xhat + beta``.
-
-    See Also
-    --------
-    forward_exprs : Builds them.
-
-    Examples
-    --------
-    >>> forward_exprs(2).mu
-    x_1/2 + x_2/2
-    """
+    """One row's forward: ``sym``, ``mu``, ``var``, ``rstd``, ``xhat`` and ``y``."""
 
     sym: LayerNormSymbols
     mu: sp.Expr
@@ -159,36 +117,7 @@ def _column(name: str, D: int, **assumptions) -> sp.Matrix:
 
 
 def symbols(D: int) -> LayerNormSymbols:
-    r"""The symbols ``x_i``, ``gamma_i``, ``beta_i``, ``dy_i``, ``epsilon`` and ``s``.
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1. The proofs are meant for small D (2 to 6): the Jacobian
-        has D**2 entries, each a sum over the row.
-
-    Returns
-    -------
-    LayerNormSymbols
-        All real; ``epsilon`` and ``s`` positive.
-
-    Raises
-    ------
-    TypeError
-        If ``D`` is not an integer.
-    ValueError
-        If ``D < 1``.
-
-    See Also
-    --------
-    forward_exprs
-
-    Examples
-    --------
-    >>> sym = symbols(3)
-    >>> sym.gamma.T, sym.eps.is_positive
-    (Matrix([[gamma_1, gamma_2, gamma_3]]), True)
-    """
+    """The symbols of a row of length ``D``; ``epsilon`` and ``s`` positive."""
     D = _check_D(D)
     return LayerNormSymbols(
         D=D,
@@ -202,37 +131,22 @@ def symbols(D: int) -> LayerNormSymbols:
 
 
 def forward_exprs(D: int) -> ForwardExprs:
-    r"""The forward of one row, as explicit SymPy expressions in ``x`` and ``epsilon``.
+    """The forward of one row, as explicit SymPy expressions in ``x`` and ``epsilon``.
 
-    ``mu = sum(x) / D``, ``var = sum((x - mu)**2) / D``,
-    ``rstd = 1 / sqrt(var + eps)``, ``xhat = (x - mu) * rstd``,
-    ``y = gamma * xhat + beta``. Nothing is an opaque symbol: ``mu`` and ``var``
-    are written out in the ``x_i``, so differentiating ``y`` follows every path
-    the chain rule has.
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
+    Nothing is an opaque symbol: ``mu`` and ``var`` are written out in the
+    ``x_i``, so differentiating ``y`` follows every path the chain rule has.
 
     Returns
     -------
     ForwardExprs
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``D`` is not an integer >= 1.
-
-    See Also
-    --------
-    jacobian, vjp
+        ``mu``, ``var`` and ``rstd`` (expressions), ``xhat`` and ``y`` (D x 1
+        matrices), and ``sym``, the :class:`LayerNormSymbols` they are written in.
 
     Examples
     --------
     >>> f = forward_exprs(2)
-    >>> f.rstd.subs({f.sym.x[0]: 1, f.sym.x[1]: 3, f.sym.eps: 0})
-    1
+    >>> f.mu, f.rstd.subs({f.sym.x[0]: 1, f.sym.x[1]: 3, f.sym.eps: 0})
+    (x_1/2 + x_2/2, 1)
     """
     sym = symbols(D)
     mu = sum(sym.x) / sym.D
@@ -244,27 +158,10 @@ def forward_exprs(D: int) -> ForwardExprs:
 
 
 def jacobian(D: int) -> sp.Matrix:
-    r"""The full Jacobian ``dy/dx`` (D x D), by ``sympy.Matrix.jacobian``.
+    """The full Jacobian ``dy/dx`` by ``sympy.Matrix.jacobian``, unsimplified.
 
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
-
-    Returns
-    -------
-    sympy.Matrix, shape (D, D)
-        Entry ``(i, j)`` is ``d y_i / d x_j``, an explicit expression in ``x``,
-        ``gamma`` and ``epsilon``; no simplification is applied.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``D`` is not an integer >= 1.
-
-    See Also
-    --------
-    normalization_jacobian, compact_jacobian, prove
+    Entry ``(i, j)`` is ``d y_i / d x_j``, an explicit expression in ``x``,
+    ``gamma`` and ``epsilon``.
 
     Examples
     --------
@@ -276,33 +173,7 @@ def jacobian(D: int) -> sp.Matrix:
 
 
 def normalization_jacobian(D: int) -> sp.Matrix:
-    r"""The Jacobian of the normalization alone, ``d xhat / dx`` (D x D).
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
-
-    Returns
-    -------
-    sympy.Matrix, shape (D, D)
-        By ``Matrix.jacobian``, unsimplified.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``D`` is not an integer >= 1.
-
-    See Also
-    --------
-    jacobian, residuals
-
-    Examples
-    --------
-    >>> N = normalization_jacobian(2)
-    >>> is_identically_zero(N - N.T, forward_exprs(2))
-    True
-    """
+    """The Jacobian of the normalization alone, ``d xhat / dx``, unsimplified."""
     f = forward_exprs(D)
     return f.xhat.jacobian(f.sym.x)
 
@@ -315,35 +186,7 @@ def _closed_form(gamma: sp.Matrix, rstd: sp.Expr, xhat: sp.Matrix) -> sp.Matrix:
 
 
 def compact_jacobian(D: int) -> sp.Matrix:
-    r"""The closed form of ``dy/dx`` with ``rstd`` and ``xhat_i`` as plain symbols.
-
-    For display: entry ``(i, j)`` is
-    ``gamma_i * rstd * (delta_ij - 1/D - xhat_i * xhat_j / D)``, the structure
-    the chapter "Deriving the backward" derives.
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
-
-    Returns
-    -------
-    sympy.Matrix, shape (D, D)
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``D`` is not an integer >= 1.
-
-    See Also
-    --------
-    jacobian, latex
-
-    Examples
-    --------
-    >>> compact_jacobian(2)[0, 1]
-    gamma_1*rstd*(-xhat_1*xhat_2/2 - 1/2)
-    """
+    """The closed form of ``dy/dx`` in the plain symbols ``rstd`` and ``xhat_i``."""
     sym = symbols(D)
     rstd = sp.Symbol("rstd", positive=True)
     xhat = _column("xhat", sym.D, real=True)
@@ -352,24 +195,15 @@ def compact_jacobian(D: int) -> sp.Matrix:
 
 def in_x_and_s(expr: sp.Basic | sp.MatrixBase,
                f: ForwardExprs) -> sp.Basic | sp.MatrixBase:
-    r"""Rewrite ``expr`` with ``epsilon = s - var(x)``: roots become powers of ``s``.
+    """Rewrite ``expr`` with ``epsilon = s - var(x)``: roots become powers of ``s``.
+
+    No other change, so the result shows the unsimplified structure.
 
     Parameters
     ----------
     expr : sympy.Expr or sympy.Matrix
         Built from the expressions of ``f``.
     f : ForwardExprs
-        The forward ``expr`` was built from; ``s`` is ``f.sym.s``.
-
-    Returns
-    -------
-    sympy.Expr or sympy.Matrix
-        The same type, in ``x`` and the positive symbol ``s = var(x) + epsilon``;
-        no other change, so it prints the unsimplified structure.
-
-    See Also
-    --------
-    is_identically_zero
 
     Examples
     --------
@@ -381,35 +215,7 @@ def in_x_and_s(expr: sp.Basic | sp.MatrixBase,
 
 
 def is_identically_zero(expr: sp.Basic | sp.MatrixBase, f: ForwardExprs) -> bool:
-    r"""Decide whether an expression (or matrix) of a layer-norm row is identically 0.
-
-    Every entry is rewritten in ``(x, s)`` with ``s = var(x) + epsilon``
-    (:func:`in_x_and_s`) and expanded. For the polynomials in ``x`` times powers
-    of ``s`` that these residuals are, ``expand`` is a canonical form: all
-    zeros prove the identity for all real ``x``, ``gamma``, ``dy`` and all
-    ``epsilon > 0``; surviving terms disprove it.
-
-    Parameters
-    ----------
-    expr : sympy.Expr or sympy.Matrix
-        Built from the expressions of ``f`` (and any of its symbols).
-    f : ForwardExprs
-        The forward the expression was built from.
-
-    Returns
-    -------
-    bool
-
-    See Also
-    --------
-    prove, residuals
-
-    Examples
-    --------
-    >>> f = forward_exprs(2)
-    >>> is_identically_zero(sum(f.xhat), f), is_identically_zero(f.xhat[0], f)
-    (True, False)
-    """
+    """True when an expression or matrix of ``f``'s row expands to 0 in ``(x, s)``."""
     return all(e == 0 for e in _expanded(expr, f))
 
 
@@ -455,9 +261,10 @@ def _residual(f: ForwardExprs, name: str) -> sp.Matrix:
 
 
 def residuals(D: int) -> dict[str, sp.Matrix]:
-    r"""Every identity the book proves, as a residual that must simplify to zero.
+    """Every identity the book proves, as a residual that must expand to zero.
 
-    With ``J = dy/dx`` and ``N = d xhat / dx`` computed by SymPy:
+    With ``J = dy/dx`` and ``N = d xhat / dx`` computed by SymPy, in the order
+    of :data:`IDENTITIES`:
 
     * ``"closed_form"``: ``J - diag(gamma) rstd (I - 1 1^T/D - xhat xhat^T/D)``;
     * ``"symmetric"``: ``N - N^T``;
@@ -467,29 +274,14 @@ def residuals(D: int) -> dict[str, sp.Matrix]:
       eigenvalue ``rstd * eps / (var + eps)``, not in the null space;
     * ``"compact_vjp"``: ``J^T dy - rstd (g - mean(g) - xhat mean(g xhat))``
       with ``g = gamma * dy``;
-    * ``"mean_path"``: ``d var / d m`` at ``m = mu`` (1 x 1), the path from
-      ``x`` through the mean into the variance (see :func:`mean_path_term`).
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
+    * ``"mean_path"``: ``d var / d m`` at ``m = mu`` (1 x 1, see
+      :func:`mean_path_term`).
 
     Returns
     -------
     dict of str to sympy.Matrix
-        Each residual after the rewrite to ``(x, s)`` and ``sympy.expand``: a zero
-        matrix exactly when the identity holds. Keys in the order of
-        :data:`IDENTITIES`.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``D`` is not an integer >= 1.
-
-    See Also
-    --------
-    prove, is_identically_zero
+        Each residual rewritten in ``(x, s)`` and expanded: a zero matrix
+        exactly when the identity holds.
 
     Examples
     --------
@@ -501,33 +293,7 @@ def residuals(D: int) -> dict[str, sp.Matrix]:
 
 
 def prove(D: int, name: str) -> bool:
-    r"""True when the identity ``name`` holds for rows of length ``D``.
-
-    One residual of :func:`residuals`, decided by :func:`is_identically_zero`:
-    for this ``D``, a proof for all real ``x``, ``gamma``, ``dy`` and all
-    ``epsilon > 0`` (not a proof for every ``D``).
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
-    name : str
-        One of :data:`IDENTITIES`.
-
-    Returns
-    -------
-    bool
-
-    Raises
-    ------
-    ValueError
-        If ``name`` is not one of :data:`IDENTITIES`, or ``D < 1``.
-    TypeError
-        If ``D`` is not an integer.
-
-    See Also
-    --------
-    residuals
+    """True when the identity ``name`` (:data:`IDENTITIES`) holds for rows of length D.
 
     Examples
     --------
@@ -539,31 +305,11 @@ def prove(D: int, name: str) -> bool:
 
 
 def mean_path_term(D: int) -> tuple[sp.Expr, sp.Expr]:
-    r"""The derivative of the variance through the mean, before and after ``m = mu``.
+    """The derivative of the variance through the mean, before and after ``m = mu``.
 
-    Writes ``var(x, m) = sum((x_k - m)**2) / D`` with ``m`` a free symbol.
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
-
-    Returns
-    -------
-    dvar_dm : sympy.Expr
-        ``d var / d m = -(2/D) sum(x_k - m)``, in ``x`` and ``m``.
-    at_mean : sympy.Expr
-        The same at ``m = mu(x)``, expanded: 0, because the deviations from the
-        mean sum to zero.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``D`` is not an integer >= 1.
-
-    See Also
-    --------
-    residuals
+    With ``var(x, m) = sum((x_k - m)**2) / D`` and ``m`` a free symbol, returns
+    ``d var / d m = -(2/D) sum(x_k - m)`` and its value at ``m = mu(x)``,
+    expanded: 0, because the deviations from the mean sum to zero.
 
     Examples
     --------
@@ -575,29 +321,10 @@ def mean_path_term(D: int) -> tuple[sp.Expr, sp.Expr]:
 
 
 def vjp(D: int) -> tuple[sp.Matrix, sp.Matrix, sp.Matrix]:
-    r"""The vector-Jacobian products of one row, computed by SymPy from the forward.
+    """The vector-Jacobian products of one row, computed by SymPy from the forward.
 
-    ``dx = (dy/dx)^T dy``, ``dgamma = (dy/dgamma)^T dy``, ``dbeta = (dy/dbeta)^T dy``,
-    with ``dy`` the symbols ``dy_i``.
-
-    Parameters
-    ----------
-    D : int
-        Row length, >= 1.
-
-    Returns
-    -------
-    dx, dgamma, dbeta : sympy.Matrix, shape (D, 1)
-        Expressions in the symbols of :func:`symbols` (``dy_i`` included).
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``D`` is not an integer >= 1.
-
-    See Also
-    --------
-    evaluate_vjp
+    Returns ``dx = (dy/dx)^T dy``, ``dgamma = (dy/dgamma)^T dy`` and
+    ``dbeta = (dy/dbeta)^T dy``, each D x 1, in the symbols of :func:`symbols`.
 
     Examples
     --------
@@ -622,47 +349,7 @@ def evaluate(
     beta=None,
     dy=None,
 ) -> np.ndarray:
-    r"""Evaluate a SymPy expression or matrix at numbers, to 30 digits, as float64.
-
-    Every input is converted to float64 and then exactly to a rational (a
-    float64 is a binary fraction), and the expression is evaluated by ``evalf``
-    with ``EVAL_DIGITS`` (30) significant digits: a reference accurate far
-    beyond float64, independent of NumPy.
-
-    Parameters
-    ----------
-    expr : sympy.Expr or sympy.Matrix
-    sym : LayerNormSymbols
-        The symbols ``expr`` is written in.
-    x, gamma : array_like, shape (D,)
-        Exactly ``D`` values each (``D`` of ``sym``).
-    eps : float
-    beta, dy : array_like, shape (D,), optional
-        Needed only when ``expr`` contains them.
-
-    Returns
-    -------
-    ndarray of float64
-        The shape of ``expr`` (a 0-d array for a scalar).
-
-    Raises
-    ------
-    ValueError
-        If an array given does not hold ``D`` values.
-    TypeError
-        If a symbol of ``expr`` is left without a value (``beta`` or ``dy``
-        omitted): SymPy cannot convert it to a float.
-
-    See Also
-    --------
-    evaluate_vjp
-
-    Examples
-    --------
-    >>> f = forward_exprs(2)
-    >>> float(evaluate(f.mu, f.sym, x=[1.0, 3.0], gamma=[1.0, 1.0], eps=1e-5))
-    2.0
-    """
+    """Evaluate an expression of the symbols ``sym`` at float64 values, to 30 digits."""
     values = {sym.eps: sp.Rational(float(eps))}
     named = (("x", sym.x, x), ("gamma", sym.gamma, gamma), ("beta", sym.beta, beta),
              ("dy", sym.dy, dy))
@@ -687,34 +374,23 @@ def evaluate(
 def evaluate_vjp(
     x, gamma, dy, eps: float = 1e-5
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""The symbolic VJP of :func:`vjp`, evaluated row by row at numbers.
+    """The symbolic VJP of :func:`vjp`, evaluated row by row at numbers.
 
-    A reference for :func:`lnorm.backward`, independent of NumPy's arithmetic.
+    Each input is converted exactly to a rational and every expression
+    evaluated with ``EVAL_DIGITS`` (30) significant digits: a reference for
+    :func:`lnorm.backward` independent of NumPy's arithmetic.
 
     Parameters
     ----------
     x, dy : array_like, shape (..., D)
-        Floating; small D (the expressions grow as D**2). Not modified.
+        Floating; a small ``D``.
     gamma : array_like, shape (D,)
     eps : float, default 1e-5
 
     Returns
     -------
-    dx : ndarray, shape of ``x``, float64
-    dgamma, dbeta : ndarray, shape (D,), float64
-        Summed over the rows, like :func:`lnorm.backward`.
-
-    Raises
-    ------
-    TypeError
-        If an array has no floating dtype.
-    ValueError
-        If ``x`` is 0-d, the shapes do not match, or ``eps`` is not finite
-        and > 0.
-
-    See Also
-    --------
-    vjp, lnorm.backward
+    dx, dgamma, dbeta : ndarray of float64
+        ``dgamma`` and ``dbeta`` summed over the rows, as :func:`lnorm.backward`.
 
     Examples
     --------
@@ -750,29 +426,10 @@ def evaluate_vjp(
 
 
 def jacobian_numpy(cache: LayerNormCache) -> np.ndarray:
-    r"""The dense Jacobian ``dy/dx`` of every row, from the closed form, in NumPy.
+    """The dense Jacobian ``dy/dx`` of every row, from the closed form, in NumPy.
 
-    ``J[..., i, j] = gamma_i * rstd * (delta_ij - 1/D - xhat_i * xhat_j / D)``.
-    Memory is D**2 numbers per row: the naive route, for teaching and checking.
-
-    Parameters
-    ----------
-    cache : LayerNormCache
-        From :func:`lnorm.forward` (``xhat``, ``rstd``, ``gamma``).
-
-    Returns
-    -------
-    ndarray, shape (..., D, D), float64
-        ``J[..., i, j] = d y_i / d x_j``.
-
-    Raises
-    ------
-    TypeError
-        If ``cache`` is not a :class:`lnorm.LayerNormCache`.
-
-    See Also
-    --------
-    backward_via_jacobian, compact_jacobian
+    ``J[..., i, j] = gamma_i * rstd * (delta_ij - 1/D - xhat_i * xhat_j / D)``,
+    in float64 from a :class:`lnorm.LayerNormCache`: D**2 numbers per row.
 
     Examples
     --------
@@ -794,34 +451,10 @@ def jacobian_numpy(cache: LayerNormCache) -> np.ndarray:
 def backward_via_jacobian(
     dy, cache: LayerNormCache
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""The naive backward: every row's D x D Jacobian, then ``dx = J^T dy``.
+    """The naive backward: every row's D x D Jacobian, then ``dx = J^T dy``.
 
-    The ``(dy, cache)`` arguments and the results of :func:`lnorm.backward`, but
-    all three results in float64 (``lnorm.backward`` returns the input dtype),
-    at O(D**2) time and memory per row instead of O(D).
-
-    Parameters
-    ----------
-    dy : array_like, shape of the forward's ``x``
-        Floating upstream gradient.
-    cache : LayerNormCache
-        From :func:`lnorm.forward`.
-
-    Returns
-    -------
-    dx : ndarray, shape of ``dy``, float64
-    dgamma, dbeta : ndarray, shape (D,), float64
-
-    Raises
-    ------
-    TypeError
-        If ``cache`` is not a cache or ``dy`` has no floating dtype.
-    ValueError
-        If ``dy`` does not have the shape of ``x``.
-
-    See Also
-    --------
-    jacobian_numpy, lnorm.backward
+    The arguments and results of :func:`lnorm.backward`, but all three results
+    in float64, at O(D**2) time and memory per row instead of O(D).
 
     Examples
     --------
@@ -844,19 +477,6 @@ def backward_via_jacobian(
 
 def latex(expr: sp.Basic | sp.MatrixBase) -> str:
     r"""``sympy.latex`` with the book's notation for ``rstd`` and ``epsilon``.
-
-    Parameters
-    ----------
-    expr : sympy.Expr or sympy.Matrix
-
-    Returns
-    -------
-    str
-        LaTeX with ``\operatorname{rstd}`` and ``\varepsilon``.
-
-    See Also
-    --------
-    compact_jacobian
 
     Examples
     --------
