@@ -1,9 +1,9 @@
-r"""Layer normalization in SymPy for every row length D at once.
+"""Layer normalization in SymPy for every row length D at once.
 
 :mod:`lnorm.symbolic` writes a row as ``D`` separate symbols, so each of its
-proofs is for one concrete ``D``. Here the row length is a symbol ``D`` and a
-row is an indexed symbol ``x[k]``; the mean, the variance and the loss are
-``sympy.Sum`` objects over ``k = 1..D``::
+proofs is for one concrete ``D``. Here the row length is a positive integer
+symbol ``D``, a row is an indexed symbol ``x[k]``, and the mean, the variance
+and the loss are ``sympy.Sum`` objects over ``k = 1..D``::
 
     mu   = Sum(x[l], (l, 1, D)) / D
     var  = Sum((x[k] - mu)**2, (k, 1, D)) / D
@@ -11,37 +11,35 @@ row is an indexed symbol ``x[k]``; the mean, the variance and the loss are
     y[i] = gamma[i] * xhat[i] + beta[i]
 
 ``sympy.diff`` differentiates a ``Sum`` with respect to one entry ``x[j]`` term
-by term, with ``d x[k] / d x[j] = KroneckerDelta(j, k)``. A proof then takes
-four steps, each of which keeps an identity an identity:
+by term, with ``d x[k] / d x[j] = KroneckerDelta(j, k)``. :func:`vanishes`
+then decides whether an expression is zero in four steps:
 
 1. :func:`expand_sums` writes every ``Sum`` as a combination of sums of
-   products (linearity: ``Sum(a*f + b*g) = a*Sum(f) + b*Sum(g)`` for ``a, b``
-   free of the summation index), counts ``Sum(1) = D``, and evaluates
+   products (linearity), counts ``Sum(1) = D``, and evaluates
    ``Sum(KroneckerDelta(j, k) * f(k)) = f(j)``, valid because every free
    index ``i``, ``j`` is a position in the row (``1 <= j <= D``);
 2. every remaining ``Sum`` becomes an opaque symbol named after its summand,
    so that the same sum written with two dummy indices is one symbol;
 3. ``eps = s - var`` turns every root into a power of the one positive
-   symbol ``s`` (the change of variable of :mod:`lnorm.symbolic`; for another
-   variance, such as the sum over ``D - 1``, the same with that variance);
+   symbol ``s``, as in :mod:`lnorm.symbolic` (for another variance, such as
+   the sum over ``D - 1``, with that variance; when the roots' bases differ,
+   ``eps`` stays and step 4 decides alone);
 4. ``sympy.expand`` must give 0 (coefficients that are rational functions
    of ``D`` are first put over a common denominator, which holds where the
    denominators are not zero: ``D >= 2`` for a variance over ``D - 1``).
 
-Step 2 treats the sums as independent variables. An expression that expands
-to zero is therefore zero for all values they can take, in particular for
-the values they do take, for every ``D``. The converse fails only in the safe
-direction: a true identity that needs a relation between two sums (such as
+Why a zero is a proof: each step can lose an identity but never create one.
+Steps 1, 3 and 4 rewrite the expression into an equal one (step 3 through a
+one-to-one change of variable, whatever variance it uses). Step 2 replaces
+the sums by independent variables, and an expression that is zero for all
+values of those variables is zero for the values the sums do take. So zero
+at the end implies zero at the start: a proof for every ``D >= 1`` where
+step 4's denominators are not zero. The converse is what fails: a true
+identity that needs a relation between two sums (such as
 ``Sum(x[k] - mu) = 0``, which step 1 gets by linearity) would be reported as
-not proved, never a false one as proved.
+not proved. ``False`` means "not shown", never "shown to be nonzero".
 
 The chapter that uses it: "Deriving the backward" (``book/02_derivation.md``).
-
-Examples
---------
->>> from lnorm import symbolic_sums
->>> symbolic_sums.prove_for_every_D("compact_vjp")
-True
 """
 
 from __future__ import annotations
@@ -66,23 +64,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RowSums:
-    r"""One row of layer normalization with a symbolic length ``D``.
-
-    Attributes
-    ----------
-    D : sympy.Symbol
-        The row length, a positive integer.
-    i, j : sympy.Symbol
-        Free positions in the row: declared positive integers;
-        :func:`expand_sums` assumes they are at most ``D``.
-    x, gamma, beta, dy : sympy.IndexedBase
-        The input row, scale, shift and upstream gradient: ``x[i]`` and so on.
-    eps : sympy.Symbol
-        Positive.
-    mu, var, rstd : sympy.Expr
-        ``Sum(x[l]) / D``, ``Sum((x[k] - mu)**2) / D`` and
-        ``1 / sqrt(var + eps)``.
-    """
+    """One row of any length ``D``; :func:`row_sums` lists its fields."""
 
     D: sp.Symbol
     i: sp.Symbol
@@ -97,19 +79,7 @@ class RowSums:
     rstd: sp.Expr
 
     def row_sum(self, summand: sp.Expr, index: sp.Symbol) -> sp.Sum:
-        r"""``Sum(summand, (index, 1, D))``: a sum over the row.
-
-        Parameters
-        ----------
-        summand : sympy.Expr
-            The term, usually in ``index``.
-        index : sympy.Symbol
-            The summation index, a positive integer symbol.
-
-        Returns
-        -------
-        sympy.Sum
-            Unevaluated.
+        """``Sum(summand, (index, 1, D))``, unevaluated: a sum over the row.
 
         Examples
         --------
@@ -120,38 +90,11 @@ class RowSums:
         return sp.Sum(summand, (index, 1, self.D))
 
     def xhat(self, index: sp.Expr) -> sp.Expr:
-        r"""``(x[index] - mu) * rstd``.
-
-        Parameters
-        ----------
-        index : sympy.Expr
-            A position in the row, such as ``i``.
-
-        Returns
-        -------
-        sympy.Expr
-            With ``mu`` and ``rstd`` written out as sums over the row.
-
-        Examples
-        --------
-        >>> r = row_sums()
-        >>> r.xhat(r.i) == (r.x[r.i] - r.mu) * r.rstd
-        True
-        """
+        """``(x[index] - mu) * rstd``, with ``mu`` and ``rstd`` written out as sums."""
         return (self.x[index] - self.mu) * self.rstd
 
     def y(self, index: sp.Expr) -> sp.Expr:
-        r"""``gamma[index] * xhat[index] + beta[index]``.
-
-        Parameters
-        ----------
-        index : sympy.Expr
-            As in :meth:`xhat`.
-
-        Returns
-        -------
-        sympy.Expr
-            The output of layer normalization at that position.
+        """``gamma[index] * xhat[index] + beta[index]``: the output at one position.
 
         Examples
         --------
@@ -164,16 +107,14 @@ class RowSums:
 
 @cache
 def row_sums() -> RowSums:
-    r"""The symbols and the statistics of one row of any length ``D``.
+    """The symbols and the statistics of one row of any length ``D``.
 
     Returns
     -------
     RowSums
-        The same object on every call.
-
-    See Also
-    --------
-    lnorm.symbolic.symbols : The same row for one concrete ``D``.
+        The same object on every call. ``D``, ``i`` and ``j`` are positive
+        integer symbols; ``x``, ``gamma``, ``beta`` and ``dy`` real indexed
+        symbols; ``eps`` positive; ``mu``, ``var`` and ``rstd`` expressions.
 
     Examples
     --------
@@ -218,22 +159,10 @@ def _split_sum(s: sp.Sum) -> sp.Expr:
 
 
 def expand_sums(expr: sp.Expr) -> sp.Expr:
-    r"""Write every ``Sum`` in ``expr`` as a combination of sums of products.
+    """Write every ``Sum`` in ``expr`` as a combination of sums of products.
 
-    Uses linearity (factors free of the summation index leave the sum),
-    ``Sum(1, (k, 1, D)) = D`` and ``Sum(KroneckerDelta(k, p) * f(k)) = f(p)``
-    for a sum over the row, until nothing changes.
-
-    Parameters
-    ----------
-    expr : sympy.Expr
-        An expression in the symbols of :func:`row_sums`.
-
-    Returns
-    -------
-    sympy.Expr
-        Equal to ``expr`` for every ``D`` and every position of the free
-        indices in the row.
+    Step 1 of the module docstring, repeated until nothing changes; the result
+    equals ``expr`` for every ``D`` and every position of the free indices.
 
     Examples
     --------
@@ -267,17 +196,7 @@ def _opaque_sums(expr: sp.Expr) -> sp.Expr:
 
 
 def _in_s(expr: sp.Expr) -> sp.Expr:
-    """``expr`` with its sums opaque, in ``s`` for ``eps``, expanded (steps 2 to 4).
-
-    For layer norm, every root in ``expr`` whose base contains ``eps`` (every
-    power, if there is no root) has, once expanded and divided by its
-    coefficient of ``eps``, the same base ``eps + rest`` (``eps + var``);
-    ``eps = s - rest`` makes every such base a multiple of ``s``. When the
-    bases differ, ``eps`` stays and ``sympy.expand`` decides alone. Any ``rest``
-    free of ``eps`` gives a one-to-one change of variable, so the choice can
-    make a proof fail, never a false one succeed. ``s`` is declared positive
-    because the base under the root is a variance plus ``eps``.
-    """
+    """``expr`` with its sums opaque, in ``s`` for ``eps``, expanded (steps 2 to 4)."""
     eps = row_sums().eps
     s = sp.Symbol("s", positive=True)
     e = _opaque_sums(expand_sums(expr))
@@ -310,23 +229,9 @@ def _in_s(expr: sp.Expr) -> sp.Expr:
 
 
 def vanishes(expr: sp.Expr) -> bool:
-    r"""True when ``expr`` is zero for every ``D``, row, position and ``eps > 0``.
+    """True when ``expr`` is zero for every ``D``, row, position and ``eps > 0``.
 
-    The four steps of the module docstring. ``False`` means "not shown", not
-    "shown to be nonzero" (see there).
-
-    Parameters
-    ----------
-    expr : sympy.Expr
-        An expression in the symbols of :func:`row_sums`.
-
-    Returns
-    -------
-    bool
-
-    See Also
-    --------
-    prove_for_every_D : The identities of the book.
+    The four steps of the module docstring: ``False`` means "not shown".
 
     Examples
     --------
@@ -349,47 +254,7 @@ def _N(r: RowSums, i: sp.Expr, j: sp.Expr) -> sp.Expr:
 
 
 def general_residual(name: str) -> sp.Expr:
-    r"""One identity of the book, for every ``D``, as an expression that must vanish.
-
-    With ``N_ij = d xhat[i] / d x[j]`` and ``d y[i] / d x[j]`` computed by
-    ``sympy.diff``, ``g = gamma * dy`` (``dy`` the upstream gradient) and
-    ``delta`` the Kronecker delta:
-
-    * ``"closed_form"``: ``d y_i / d x_j - gamma_i rstd (delta_ij - 1/D -
-      xhat_i xhat_j / D)``;
-    * ``"symmetric"``: ``N_ij - N_ji``;
-    * ``"shift"``: ``sum over j of N_ij``;
-    * ``"scale"``: ``sum over j of N_ij xhat_j - rstd eps / (var + eps)
-      xhat_i``;
-    * ``"compact_vjp"``: ``sum over i of dy_i * (d y_i / d x_j) - rstd (g_j -
-      mean(g) - xhat_j mean(g xhat))``, the derivative of the loss
-      ``sum(dy * y)`` against the compact ``dx_j``;
-    * ``"mean_path"``: ``d/dm sum((x_k - m)**2) / D`` at ``m = mu``.
-
-    Parameters
-    ----------
-    name : str
-        One of :data:`GENERAL_IDENTITIES`.
-
-    Returns
-    -------
-    sympy.Expr
-        Unsimplified; :func:`vanishes` decides it.
-
-    Raises
-    ------
-    ValueError
-        If ``name`` is not one of :data:`GENERAL_IDENTITIES`.
-
-    See Also
-    --------
-    prove_for_every_D, lnorm.symbolic.residuals
-
-    Examples
-    --------
-    >>> general_residual("mean_path")
-    Sum(-2*x[k] + 2*Sum(x[l], (l, 1, D))/D, (k, 1, D))/D
-    """
+    """Residual of ``name`` (as in :func:`lnorm.symbolic.residuals`) for every ``D``."""
     r = row_sums()
     i, j, D = r.i, r.j, r.D
     k = sp.Symbol("k", integer=True, positive=True)
@@ -420,28 +285,10 @@ def general_residual(name: str) -> sp.Expr:
 
 
 def prove_for_every_D(name: str) -> bool:
-    r"""True when the identity ``name`` holds for every row length ``D``.
+    """True when the identity ``name`` holds for every row length ``D``.
 
     :func:`vanishes` applied to :func:`general_residual`: a proof for every
     ``D >= 1``, every real row, ``gamma``, ``dy`` and every ``eps > 0``.
-
-    Parameters
-    ----------
-    name : str
-        One of :data:`GENERAL_IDENTITIES`.
-
-    Returns
-    -------
-    bool
-
-    Raises
-    ------
-    ValueError
-        If ``name`` is not one of :data:`GENERAL_IDENTITIES`.
-
-    See Also
-    --------
-    lnorm.symbolic.prove : The same identities for one concrete ``D``.
 
     Examples
     --------
