@@ -1,4 +1,4 @@
-r"""Layer normalization over the last axis: the formulas and the library functions.
+"""Layer normalization over the last axis: the formulas and the library functions.
 
 For each row ``x`` of length ``D`` (the last axis), with ``mean`` the mean
 over the row and ``g = gamma * dy``::
@@ -30,20 +30,15 @@ values stay in their row; inputs are never modified.
 Dtype policy
 ------------
 float16, float32 and float64 inputs are accepted. Every statistic (two-pass:
-the mean, then the mean of squared deviations), the centring ``x - mean``
-and every reduction run in float64, and each result is
-rounded once to the input dtype (``dgamma`` and ``dbeta`` to that of
-``gamma``). A float32 mean would err by up to about ``u32 * |mean|``
-(``u32 = 2**-24``) from its rounding alone, which ``x - mean`` passes into
-every ``xhat`` as ``u32 * |mean| / std``. With a float64 mean that error,
-measured against the row's largest ``|xhat|``, is below float32's own
-rounding for any offset a float32 row can carry; measured against a much
-smaller ``xhat`` it can be larger. The chapter "Layer norm in low precision"
-(``book/04b_low_precision.md``) measures both.
-
-The cache keeps ``xhat`` (input dtype), ``rstd`` (float64, one per row) and a
-copy of ``gamma``, so the backward never repeats the centring; the cost
-chapter (``book/05_cost.md``) weighs this against keeping ``x`` or ``y``.
+the mean, then the mean of squared deviations), the centring ``x - mean`` and
+every reduction run in float64, and each result is rounded once to the input
+dtype (``dgamma`` and ``dbeta`` to that of ``gamma``). A float32 mean would
+err by up to about ``u32 * |mean|`` (``u32 = 2**-24``) from its rounding
+alone, which ``x - mean`` passes into every ``xhat`` as ``u32 * |mean| /
+std``. With a float64 mean that error, measured against the row's largest
+``|xhat|``, is below float32's own rounding for any offset a float32 row can
+carry; measured against a much smaller ``xhat`` it can be larger. The chapter
+"Layer norm in low precision" (``book/04b_low_precision.md``) measures both.
 """
 
 from __future__ import annotations
@@ -76,7 +71,7 @@ __all__ = [
 # --- the formulas -----------------------------------------------------------------
 
 def forward_formula(x, gamma, beta, eps: float = 1e-5):
-    r"""Compute the forward as plain NumPy, one operation per line.
+    """Compute the forward as plain NumPy, one operation per line.
 
     No validation and no dtype policy: every operation runs in the dtype NumPy's
     promotion of the arguments gives. It is complex-safe (``xc * xc``, never
@@ -118,7 +113,7 @@ def forward_formula(x, gamma, beta, eps: float = 1e-5):
 
 
 def backward_formula(dy, xhat, gamma, rstd):
-    r"""Compute the compact backward as plain NumPy, in the dtype of its arguments.
+    """Compute the compact backward as plain NumPy, in the dtype of its arguments.
 
     ``dy * xhat`` is formed once and serves both ``dgamma`` and
     ``mean(g * xhat) = (dy * xhat) @ gamma / D``.
@@ -171,7 +166,7 @@ _BLOCK_HINT = "Pass None (fused) or rows per block, e.g. lnorm.core.tile_rows(D)
 def forward(
     x, gamma, beta, eps: float = 1e-5, *, block_rows: int | None = None, out=None
 ) -> tuple[np.ndarray, LayerNormCache]:
-    r"""Normalize each row over the last axis, then scale and shift it.
+    """Normalize each row over the last axis, then scale and shift it.
 
     Parameters
     ----------
@@ -192,7 +187,8 @@ def forward(
     -------
     y : ndarray, shape and dtype of ``x``
     cache : LayerNormCache
-        What :func:`backward` needs. A constant row gives ``xhat == 0`` exactly.
+        ``xhat``, ``rstd`` and ``gamma``, all :func:`backward` needs (so it never
+        repeats the centring). A constant row gives ``xhat == 0`` exactly.
 
     Examples
     --------
@@ -233,7 +229,7 @@ def forward(
 
 
 def _forward64(x64: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float):
-    r"""y, rstd, xhat of float64 rows: :func:`forward_formula`, constant rows exact."""
+    """y, rstd, xhat of float64 rows: :func:`forward_formula`, constant rows exact."""
     mean = x64.mean(axis=-1, keepdims=True)
     # The true mean lies in [min, max]; rounding can push it just outside a
     # constant row's single value, which would make xhat nonzero there.
@@ -250,7 +246,7 @@ def _forward64(x64: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float)
 def backward(
     dy, cache: LayerNormCache, *, block_rows: int | None = None, out=None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""Compute the gradients of layer normalization from the upstream gradient ``dy``.
+    """Compute the gradients of layer normalization from the upstream gradient ``dy``.
 
     Parameters
     ----------
@@ -325,7 +321,7 @@ _TILE_BUFFERS = {"forward": 4, "backward": 6}
 def tile_rows(
     D: int, *, direction: str = "backward", budget_bytes: int = TILE_BYTES
 ) -> int:
-    r"""Rows per block so that a tiled function's float64 temporaries fit a budget.
+    """Rows per block so that a tiled function's float64 temporaries fit a budget.
 
     The tiled forward keeps four block-sized float64 arrays alive at once, the
     tiled backward six: the result is ``max(1, budget_bytes // (arrays * 8 * D))``.
