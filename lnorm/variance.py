@@ -30,8 +30,9 @@ splits pairwise only above that.
     Welford's streaming update, one column at a time (sequential, so ``D``,
     not ``L``): at most about ``D u kappa``.
 ``chan``
-    Chan's pairwise merge of partial ``(n, mean, M2)``, element ``i`` with
-    ``i + h`` at each level as a GPU reduction tree does: about ``L u kappa``.
+    Chan's pairwise merge of partial ``(n, mean, M2)``, partial ``i`` with
+    ``i + h`` (``h`` half the count) at each level as a GPU reduction tree
+    does, its weights rounded once to ``dtype``: about ``L u kappa``.
 ``exact``
     Exact rational arithmetic, rounded once to float64: the reference.
 
