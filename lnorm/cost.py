@@ -19,8 +19,15 @@ schedules of the same arithmetic:
     overhead is re-reading the parameter vectors and accumulating the
     ``dgamma``/``dbeta`` partial sums once per block.
 ``"fused"``
-    One loop (CPU, :mod:`lnorm.fused`) or one kernel (GPU): each input read
-    once, each output written once, the rest in registers and the caches.
+    One loop (CPU) or one kernel (GPU): each input read once, each output
+    written once, the rest in registers and the caches. Through the caches
+    the model counts a loop of its own, taken a row at a time: the forward
+    sweeps a row three times (sum, squared deviations, outputs), the
+    backward twice (its row sums with the column sums of ``dgamma`` and
+    ``dbeta``, then ``dx``), with ``gamma``, ``beta`` and the column sums
+    in float64. A real loop may move less through its caches (one that
+    adds a few rows' products before it touches the column sums does); the
+    main-memory bytes are the same.
 
 Two levels
 ----------
@@ -38,8 +45,7 @@ Write-allocate
 On a CPU, a plain store to a line that is not in cache first reads the line
 (write-allocate), so each full-size output costs a read as well as a write
 (``write_allocate=True``, counted in ``bytes_allocated`` and in
-``bytes_cached``). Streaming (non-temporal) stores, which :mod:`lnorm.fused`
-uses for large outputs (``dx``; ``y`` and ``xhat``), and GPU stores of whole
+``bytes_cached``). Streaming (non-temporal) stores and GPU stores of whole
 sectors write without reading; the GPU chapter counts without it.
 
 The floor
@@ -52,7 +58,8 @@ it. Threads can beat it: two cores can move more bytes per second than one.
 Sizes: a full-size tensor has ``rows * D`` elements of ``itemsize`` bytes (a
 temporary of the op-by-op program has ``work_itemsize`` bytes if one is
 given); a per-row statistic (``mean``, ``rstd``) has ``rows`` elements of
-``stat_itemsize`` bytes; a parameter-sized vector (``gamma``, ``beta``,
+``stat_itemsize`` bytes, and a mean saved in ``mean_parts`` pieces counts
+that many per-row statistics; a parameter-sized vector (``gamma``, ``beta``,
 ``dgamma``, ``dbeta``) has ``D`` elements of ``itemsize`` bytes.
 
 FLOPs count each add, subtract, multiply, divide and square root as one,
@@ -69,7 +76,9 @@ What the backward needs saved (``saved``)
     ``x`` with ``mean`` and ``rstd``; the backward recomputes
     ``xhat = (x - mean) * rstd``. This is what PyTorch's layer norm saves
     (``tools/autograd/derivatives.yaml``: its backward takes the input,
-    the mean and rstd).
+    the mean and rstd). The GPU kernels of the GPU chapter save the mean
+    in two pieces, ``mean_hi`` and its correction ``mean_lo``: three per-row
+    statistics in all (``mean_parts=2``).
     Nothing else in a transformer block saves ``x`` (the residual
     addition's backward needs no input), so it holds a whole activation, as
     ``xhat`` does, unless something else keeps ``x`` until the backward (an
@@ -113,13 +122,14 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from .fused import CHUNK_ROWS, GROUP_FROM_D, GROUP_ROWS
 from .validate import check_int
 
 __all__ = [
     "DIRECTIONS",
     "SCHEDULES",
     "SAVED",
+    "LOOP_ITEMSIZE",
+    "LOOP_SWEEPS",
     "Step",
     "Traffic",
     "numpy_program",
@@ -133,6 +143,12 @@ DIRECTIONS = ("forward", "backward")
 SCHEDULES = ("numpy", "tiled", "fused")
 #: What the forward can keep for the backward (the module docstring's list).
 SAVED = ("xhat_rstd", "x_mean_rstd", "y_rstd", "x")
+#: Bytes of an element of the modelled fused loop's float64 vectors
+#: (``gamma``, ``beta`` and the column sums of ``dgamma`` and ``dbeta``).
+LOOP_ITEMSIZE = 8
+#: Sweeps of the modelled fused loop over each row: the forward's sum,
+#: squared deviations and outputs; the backward's sums, then ``dx``.
+LOOP_SWEEPS = {"forward": 3, "backward": 2}
 
 # Every tensor name the programs use, by kind: "full" is (rows, D), "row" is
 # (rows,), "param" is (D,). A name not listed here is a full-size temporary.
@@ -469,6 +485,7 @@ def traffic(
     work_itemsize: int | None = None,
     block_rows: int | None = None,
     write_allocate: bool = False,
+    mean_parts: int = 1,
 ) -> Traffic:
     r"""Count the FLOPs and bytes of the forward or backward under one schedule.
 
@@ -493,8 +510,8 @@ def traffic(
         the same conversions, block by block in cache (they show in
         ``bytes_cached``). ``"fused"``: a loop that cannot read the input
         dtype converts full-size inputs to a copy before the loop and
-        outputs back after it, in main memory (:mod:`lnorm.fused` reads
-        float16 directly, and needs none).
+        outputs back after it, in main memory (a loop that reads the
+        input dtype needs none).
         Default: the input dtype. Nothing is counted where it equals
         ``itemsize``.
     block_rows : int, optional
@@ -504,6 +521,9 @@ def traffic(
         in cache reads the line first, so every full-size tensor written to
         main memory is also read once (``bytes_allocated``). GPUs and
         streaming stores write without reading; leave it False for them.
+    mean_parts : int, default 1
+        ``saved="x_mean_rstd"`` only: the mean is saved in this many per-row
+        pieces (2 for the GPU kernels' ``mean_hi`` and ``mean_lo``).
 
     Returns
     -------
@@ -516,9 +536,10 @@ def traffic(
         A size that is not an integer.
     ValueError
         An unknown ``direction``, ``schedule`` or ``saved``; ``rows < 0``;
-        ``D``, ``itemsize``, ``stat_itemsize``, ``work_itemsize`` or
-        ``block_rows`` below 1; ``block_rows`` with a schedule other than
-        ``"tiled"``.
+        ``D``, ``itemsize``, ``stat_itemsize``, ``work_itemsize``,
+        ``block_rows`` or ``mean_parts`` below 1; ``block_rows`` with a
+        schedule other than ``"tiled"``; ``mean_parts`` other than 1 with
+        ``saved`` other than ``"x_mean_rstd"``.
 
     See Also
     --------
@@ -547,6 +568,9 @@ def traffic(
     >>> wa = traffic("backward", "fused", write_allocate=True, **kw)
     >>> wa.bytes_allocated == 1024 * 1024 * 4  # dx read once before it is written
     True
+    >>> gpu = dict(saved="x_mean_rstd", mean_parts=2, **kw)  # mean_hi, mean_lo
+    >>> traffic("forward", "fused", **gpu).bytes_written // kw["rows"]
+    4108
     """
     direction = _check_choice(direction, "direction", DIRECTIONS)
     schedule = _check_choice(schedule, "schedule", SCHEDULES)
@@ -563,6 +587,7 @@ def traffic(
                 "block_rows applies to schedule='tiled' only; leave it None."
             )
         block_rows = check_int(block_rows, "block_rows", 1)
+    mean_parts = _check_mean_parts(mean_parts, saved)
 
     n = rows * D
     upcast = work_itemsize is not None and work_itemsize != itemsize
@@ -571,6 +596,8 @@ def traffic(
     flops = sum(st.flops_full * n + st.flops_row * rows for st in program)
 
     def size(name: str) -> int:
+        if name == "mean":
+            return mean_parts * rows * stat_itemsize
         if name in _ROW:
             return rows * stat_itemsize
         if name in _PARAM:
@@ -636,41 +663,30 @@ def traffic(
     return Traffic(flops, bytes_read, bytes_written, passes, rows, D, allocated, cached)
 
 
-def _sweeps(rows: int, D: int) -> int:
-    """First sweeps of :func:`lnorm.fused.backward` over ``rows`` rows of ``D``.
-
-    Rows of :data:`lnorm.fused.GROUP_FROM_D` elements or more go in groups
-    of :data:`lnorm.fused.GROUP_ROWS`, within each chunk of
-    :data:`lnorm.fused.CHUNK_ROWS` rows, and the rows left over in a chunk
-    one by one; shorter rows all go one by one.
-    """
-    if D < GROUP_FROM_D:
-        return rows
-
-    def per_chunk(r: int) -> int:
-        return r // GROUP_ROWS + r % GROUP_ROWS
-
-    whole, rest = divmod(rows, CHUNK_ROWS)
-    return whole * per_chunk(CHUNK_ROWS) + per_chunk(rest)
-
-
 def _fused_loop_bytes(direction: str, rows: int, D: int, itemsize: int) -> int:
-    """Loads and stores of the fused CPU loops of :mod:`lnorm.fused`.
+    """Loads and stores of the modelled fused loop (the module docstring's).
 
-    forward: ``x`` read three times (sum, squared deviations, normalize),
-    ``y`` and ``xhat`` written, ``gamma`` and ``beta`` read in float64;
-    backward: ``dy`` and ``xhat`` read twice (row sums, then ``dx``), ``dx``
-    written, ``gamma`` read in float64 once by the sweep that writes ``dx``
-    and once per first sweep (:func:`_sweeps`: one per group of
-    :data:`lnorm.fused.GROUP_ROWS` rows, or one per row), which also reads
-    and writes the float64 ``dgamma`` and ``dbeta`` accumulators.
+    forward: ``x`` read by each sweep, ``y`` and ``xhat`` written, ``gamma``
+    and ``beta`` read; backward: ``dy`` and ``xhat`` read by each sweep,
+    ``dx`` written, ``gamma`` read by each sweep, the column sums of
+    ``dgamma`` and ``dbeta`` read and written once per element by the first.
     """
     n = rows * D
+    sweeps = LOOP_SWEEPS[direction]
     if direction == "forward":
-        return n * (5 * itemsize + 2 * 8)
-    # gamma (8 bytes) read, and the two accumulators (8 bytes each) read and
-    # written, once per element of each first sweep.
-    return n * (5 * itemsize + 8) + _sweeps(rows, D) * D * (8 + 2 * 2 * 8)
+        return n * ((sweeps + 2) * itemsize + 2 * LOOP_ITEMSIZE)
+    return n * ((2 * sweeps + 1) * itemsize
+                + (sweeps + 2 * 2) * LOOP_ITEMSIZE)
+
+
+def _check_mean_parts(mean_parts, saved: str) -> int:
+    mean_parts = check_int(mean_parts, "mean_parts", 1)
+    if mean_parts != 1 and saved != "x_mean_rstd":
+        raise ValueError(
+            "mean_parts counts the pieces of a saved mean; it applies to "
+            f"saved='x_mean_rstd' only, not {saved!r}. Leave it 1."
+        )
+    return mean_parts
 
 
 def cache_bytes(
@@ -681,6 +697,7 @@ def cache_bytes(
     itemsize: int,
     stat_itemsize: int = 4,
     kept_alive: Collection[str] = (),
+    mean_parts: int = 1,
 ) -> int:
     r"""Count the bytes the forward's cache holds until the backward runs.
 
@@ -697,6 +714,8 @@ def cache_bytes(
         Full-size tensors that stay alive until the backward anyway (``y``
         when the next layer saves its input, ``x`` when an activation
         checkpoint holds it); they cost the cache nothing.
+    mean_parts : int, default 1
+        As in :func:`traffic`.
 
     Returns
     -------
@@ -710,8 +729,9 @@ def cache_bytes(
     TypeError
         A size that is not an integer.
     ValueError
-        An unknown ``saved``, a size out of range, or ``kept_alive`` naming
-        something other than ``"x"`` and ``"y"``.
+        An unknown ``saved``, a size out of range, ``mean_parts`` as
+        :func:`traffic` refuses it, or ``kept_alive`` naming something
+        other than ``"x"`` and ``"y"``.
 
     See Also
     --------
@@ -735,12 +755,16 @@ def cache_bytes(
     [40, 48, 40, 32]
     >>> cache_bytes("x_mean_rstd", rows=2, D=4, itemsize=4, kept_alive={"x"})
     16
+    >>> cache_bytes("x_mean_rstd", rows=2, D=4, itemsize=4, kept_alive={"x"},
+    ...             mean_parts=2)  # mean_hi, mean_lo and rstd
+    24
     """
     saved = _check_choice(saved, "saved", SAVED)
     rows = check_int(rows, "rows", 0)
     D = check_int(D, "D", 1)
     itemsize = check_int(itemsize, "itemsize", 1)
     stat_itemsize = check_int(stat_itemsize, "stat_itemsize", 1)
+    mean_parts = _check_mean_parts(mean_parts, saved)
     unknown = set(kept_alive) - {"x", "y"}
     if unknown:
         raise ValueError(
@@ -748,6 +772,7 @@ def cache_bytes(
         )
     activations = {"xhat_rstd": "xhat", "x_mean_rstd": "x", "y_rstd": "y", "x": "x"}
     activation = activations[saved]
-    n_stats = {"xhat_rstd": 1, "x_mean_rstd": 2, "y_rstd": 1, "x": 0}[saved]
+    n_stats = {"xhat_rstd": 1, "x_mean_rstd": 1 + mean_parts, "y_rstd": 1,
+               "x": 0}[saved]
     held = 0 if activation in kept_alive else rows * D * itemsize
     return held + n_stats * rows * stat_itemsize
