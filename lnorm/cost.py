@@ -1,99 +1,62 @@
 r"""A model of the work and the memory traffic of layer normalization.
 
-Layer normalization does a handful of floating-point operations per element
-and moves every element through memory at least twice (read the input, write
-the output), so on a CPU or a GPU its time is set by **bytes moved**, not by
-FLOPs. This module counts both, for the forward and the backward, under three
-schedules of the same arithmetic:
+Layer normalization does a handful of FLOPs per element and moves every
+element through memory at least twice, so its time is set by **bytes
+moved**. This module counts both, forward and backward, under three
+schedules of the same arithmetic (``SCHEDULES``):
 
 ``"numpy"``
-    Op by op, as straightforward NumPy runs it: every operator reads its
-    operands from memory and writes a new full-size temporary. The program is
-    spelled out step by step in :func:`numpy_program`; its steps are the
-    lines of :func:`lnorm.core.forward_formula` and
-    :func:`lnorm.core.backward_formula`, word for word (a test checks it).
+    Op by op: every operator reads its operands from memory and writes a
+    full-size temporary. :func:`numpy_program` lists the steps, the lines
+    of :func:`lnorm.core.forward_formula` and
+    :func:`lnorm.core.backward_formula` (a test checks it).
 ``"tiled"``
-    The same steps, applied to a block of ``block_rows`` rows at a time, with
-    the block's temporaries small enough to stay in cache. Main memory sees
-    each input read once and each output written once; the per-block
-    overhead is re-reading the parameter vectors and accumulating the
-    ``dgamma``/``dbeta`` partial sums once per block.
+    The same steps on blocks of ``block_rows`` rows whose temporaries stay
+    in cache: main memory sees each input read and each output written once,
+    plus the parameter vectors and ``dgamma``/``dbeta`` partial sums once
+    per further block.
 ``"fused"``
-    One loop (CPU, :mod:`lnorm.fused`) or one kernel (GPU): each input read
-    once, each output written once, the rest in registers and the caches.
+    One loop (CPU) or kernel (GPU): each input read once, each output
+    written once. Through the caches the model counts a loop of its own,
+    a row at a time: ``LOOP_SWEEPS`` sweeps over each row, with ``gamma``,
+    ``beta`` and the column sums of ``LOOP_ITEMSIZE`` bytes. A real loop may
+    move less through its caches; its main-memory bytes are the same.
 
-Two levels
-----------
-Every :class:`Traffic` has the bytes to and from **main memory**
-(``bytes_read``, ``bytes_written``) and the bytes of every load and store
-the program issues, **cache hits included** (``bytes_cached``), plus the
-write-allocate reads when they are counted (below), since those lines come
-into the caches too. Op by op the two are equal. Tiled, main memory sees
-what the fused loop sees, but the caches still carry the whole op-by-op
-program: that traffic moves at the caches' bandwidth instead of main
-memory's, and it is part of what a tiled NumPy schedule spends its time on.
+Every :class:`Traffic` has two levels: the bytes to and from **main
+memory**, and ``bytes_cached``, every load and store the program issues,
+cache hits included. With ``write_allocate=True`` a plain CPU store to a
+line not in cache reads it first, so every full-size tensor written to
+memory is read once more; streaming stores and GPU stores of whole sectors
+do not. The fused bytes over a copy bandwidth are the floor that
+:mod:`lnorm.bench` measures against.
 
-Write-allocate
---------------
-On a CPU, a plain store to a line that is not in cache first reads the line
-(write-allocate), so each full-size output costs a read as well as a write
-(``write_allocate=True``, counted in ``bytes_allocated`` and in
-``bytes_cached``). Streaming (non-temporal) stores, which :mod:`lnorm.fused`
-uses for large outputs (``dx``; ``y`` and ``xhat``), and GPU stores of whole
-sectors write without reading; the GPU chapter counts without it.
+Sizes: a full-size tensor is ``rows * D`` elements of ``itemsize`` bytes
+(``work_itemsize`` for a temporary computed in a working dtype); a per-row
+statistic is ``rows`` elements of ``stat_itemsize`` bytes, and a mean saved
+in ``mean_parts`` pieces counts as that many; a parameter vector is ``D``
+elements of ``itemsize``. FLOPs: one per add, subtract, multiply, divide or
+square root, ``k`` for a sum of ``k`` numbers, ``2 k`` for a dot product;
+they do not depend on the schedule. A size argument that is not an integer
+raises ``TypeError``; one out of range, or an unknown ``direction``,
+``schedule`` or ``saved``, raises ``ValueError``.
 
-The floor
----------
-The fused schedule's bytes divided by a copy bandwidth is the floor that
-:mod:`lnorm.bench` measures against: one core copying with ``np.copyto``.
-The floor's bytes count no write-allocate read, and no second core is in
-it. Threads can beat it: two cores can move more bytes per second than one.
+What the forward saves for the backward (``SAVED``):
 
-Sizes: a full-size tensor has ``rows * D`` elements of ``itemsize`` bytes (a
-temporary of the op-by-op program has ``work_itemsize`` bytes if one is
-given); a per-row statistic (``mean``, ``rstd``) has ``rows`` elements of
-``stat_itemsize`` bytes; a parameter-sized vector (``gamma``, ``beta``,
-``dgamma``, ``dbeta``) has ``D`` elements of ``itemsize`` bytes.
-
-FLOPs count each add, subtract, multiply, divide and square root as one,
-a sum over ``k`` numbers as ``k`` (one add per element, the initial load
-included), and a matrix-vector product over ``k`` entries as ``2 k``. The
-arithmetic does not depend on the schedule: fusion saves bytes, not FLOPs.
-
-What the backward needs saved (``saved``)
-------------------------------------------
 ``"xhat_rstd"``
-    ``xhat`` (full size) and ``rstd`` (per row): what :func:`lnorm.forward`
-    keeps. The forward writes ``xhat`` as a second full-size output.
+    ``xhat`` and ``rstd``, what :func:`lnorm.forward` keeps; the forward
+    writes ``xhat`` as a second full-size output.
 ``"x_mean_rstd"``
-    ``x`` with ``mean`` and ``rstd``; the backward recomputes
-    ``xhat = (x - mean) * rstd``. This is what PyTorch's layer norm saves
-    (``tools/autograd/derivatives.yaml``: its backward takes the input,
-    the mean and rstd).
-    Nothing else in a transformer block saves ``x`` (the residual
-    addition's backward needs no input), so it holds a whole activation, as
-    ``xhat`` does, unless something else keeps ``x`` until the backward (an
-    activation checkpoint at the block's input); the forward writes only
-    ``y``.
+    ``x``, ``mean`` and ``rstd``; the backward recomputes ``xhat``. PyTorch
+    saves this (``tools/autograd/derivatives.yaml``); the GPU kernels of
+    the GPU chapter save the mean in two pieces (``mean_parts=2``).
 ``"y_rstd"``
-    ``y`` with ``rstd``; the backward recovers ``xhat = (y - beta) / gamma``.
-    ``y`` is the next layer's input, which that layer (a Linear) saves for
-    its own backward anyway. This is Apex's ``memory_efficient=True``
-    (NVIDIA/apex 25.09, ``apex/normalization/fused_layer_norm.py`` saves
-    ``output``; ``csrc/layer_norm_cuda_kernel.cu`` divides by
-    ``clamp_by_magnitude(gamma, eps)``). The clamp keeps the sign of
-    ``gamma`` and raises ``|gamma|`` to at least ``eps`` (``+eps`` at zero),
-    so where ``|gamma|`` is smaller the recovered ``xhat`` is silently wrong
-    (at ``gamma = 0``: zero instead of NaN; see :func:`cache_bytes`).
+    ``y`` and ``rstd``; the backward recovers ``xhat = (y - beta) / gamma``,
+    as Apex's ``memory_efficient=True`` does (NVIDIA/apex 25.09,
+    ``csrc/layer_norm_cuda_kernel.cu`` divides by
+    ``clamp_by_magnitude(gamma, eps)``): wrong where ``|gamma|`` is tiny.
 ``"x"``
-    Nothing but ``x``: the backward recomputes the statistics and ``xhat``
-    from it (recomputation, or
-    checkpointing, as in Chen et al., 2016). The forward writes only ``y``;
-    the backward pays the forward's statistics again, FLOPs but, fused, no
-    extra bytes beyond reading ``x`` instead of ``xhat``.
-
-The cost chapter (``book/05_cost.md``) builds this model step by step and
-sets it against measured times.
+    ``x`` alone (recomputation, Chen et al., 2016): the backward pays the
+    statistics again in FLOPs, and, fused, in no extra bytes.
 
 Examples
 --------
@@ -113,13 +76,14 @@ import re
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from .fused import CHUNK_ROWS, GROUP_FROM_D, GROUP_ROWS
 from .validate import check_int
 
 __all__ = [
     "DIRECTIONS",
     "SCHEDULES",
     "SAVED",
+    "LOOP_ITEMSIZE",
+    "LOOP_SWEEPS",
     "Step",
     "Traffic",
     "numpy_program",
@@ -133,6 +97,12 @@ DIRECTIONS = ("forward", "backward")
 SCHEDULES = ("numpy", "tiled", "fused")
 #: What the forward can keep for the backward (the module docstring's list).
 SAVED = ("xhat_rstd", "x_mean_rstd", "y_rstd", "x")
+#: Bytes of an element of the modelled fused loop's float64 vectors
+#: (``gamma``, ``beta`` and the column sums of ``dgamma`` and ``dbeta``).
+LOOP_ITEMSIZE = 8
+#: Sweeps of the modelled fused loop over each row: the forward's sum,
+#: squared deviations and outputs; the backward's sums, then ``dx``.
+LOOP_SWEEPS = {"forward": 3, "backward": 2}
 
 # Every tensor name the programs use, by kind: "full" is (rows, D), "row" is
 # (rows,), "param" is (D,). A name not listed here is a full-size temporary.
@@ -166,20 +136,11 @@ class Step:
     Attributes
     ----------
     code : str
-        The expression, as NumPy code (a line of
-        :func:`lnorm.core.forward_formula` or
-        :func:`lnorm.core.backward_formula`, or a recovery or conversion step).
+        The expression, as NumPy code.
     reads, writes : tuple of str
-        Tensor names it reads from and writes to memory. An operand used twice
-        in one expression (``xc * xc``) is read once.
-    flops_full : int, default 1
-        FLOPs per element of a full-size tensor.
-    flops_row : int, default 0
-        FLOPs per row.
-
-    See Also
-    --------
-    numpy_program : The steps of a whole pass.
+        Tensors it reads and writes; an operand used twice is read once.
+    flops_full, flops_row : int
+        FLOPs per element of a full-size tensor, and per row.
 
     Examples
     --------
@@ -258,43 +219,23 @@ def _check_choice(value, name: str, allowed: tuple[str, ...]) -> str:
 def numpy_program(
     direction: str, saved: str = "xhat_rstd", *, upcast: bool = False
 ) -> tuple[Step, ...]:
-    r"""List the op-by-op NumPy program whose traffic the ``"numpy"`` schedule counts.
-
-    One :class:`Step` per line (per NumPy expression): the lines of
-    :func:`lnorm.core.forward_formula` for the forward; for the backward the
-    steps that recover ``xhat`` from what was saved, then the lines of
-    :func:`lnorm.core.backward_formula`.
+    r"""List the op-by-op NumPy program whose traffic ``"numpy"`` counts.
 
     Parameters
     ----------
     direction : {"forward", "backward"}
-        Which pass.
     saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}, default "xhat_rstd"
-        What the forward saved; the backward first recovers ``xhat`` from it.
-        The forward's op-by-op traffic does not depend on it (``xhat`` is a
-        temporary of the forward either way; only what is kept alive differs).
+        The backward first recovers ``xhat`` from it; the forward's steps
+        do not depend on it.
     upcast : bool, default False
         Convert every full-size input to a working dtype first and every
-        full-size output back at the end (``a.astype(...)``). With the
-        float64 working dtype this is what :func:`lnorm.backward` with
-        ``block_rows=`` runs on each block of float16 or float32 input;
-        :func:`lnorm.forward` with ``block_rows=`` differs in detail (it also
-        clamps the mean to the row's range and forms the variance with
-        ``einsum``).
+        full-size output back at the end, as :func:`lnorm.backward` with
+        ``block_rows=`` does on each block of float16 or float32 input.
 
     Returns
     -------
     tuple of Step
         In program order.
-
-    Raises
-    ------
-    ValueError
-        An unknown ``direction`` or ``saved``.
-
-    See Also
-    --------
-    traffic : Counts the bytes and FLOPs of these steps.
 
     Examples
     --------
@@ -340,31 +281,17 @@ class Traffic:
     Attributes
     ----------
     flops : int
-        Floating-point operations.
     bytes_read, bytes_written : int
         Bytes read from and written to main memory.
     passes : int
-        Full passes over ``(rows, D)``-sized tensors: each full-size tensor
-        read or written once counts one.
+        Full-size tensors read or written, one pass each.
     rows, D : int
-        The problem size the counts are for (used by :meth:`per_element`).
+        The problem size.
     bytes_allocated : int
-        With ``write_allocate=True``: the lines a plain store to memory that
-        is not in cache reads before it writes them (one extra read of every
-        full-size tensor written to main memory: the outputs, and op by op
-        every temporary too). Zero with ``write_allocate=False`` (GPU
-        counts, streaming stores).
+        Write-allocate reads (zero without ``write_allocate=True``).
     bytes_cached : int
-        The second level of the model: bytes of every load and store the
-        program issues, served by the caches or not, plus
-        ``bytes_allocated`` (a write-allocate read passes through the caches
-        too). For the op-by-op schedule it equals the main-memory traffic
-        (every temporary streams through memory); for the tiled and fused
-        schedules it is far larger than it.
-
-    See Also
-    --------
-    traffic : Builds it.
+        Every load and store the program issues, cache hits included, plus
+        ``bytes_allocated``; op by op it equals the main-memory bytes.
 
     Examples
     --------
@@ -384,16 +311,7 @@ class Traffic:
 
     @property
     def bytes(self) -> int:
-        r"""Bytes moved to and from main memory: read, written and write-allocated.
-
-        Returns
-        -------
-        int
-            ``bytes_read + bytes_written + bytes_allocated``.
-
-        See Also
-        --------
-        per_element : The same per element of the input.
+        r"""Bytes to and from main memory: read, written and write-allocated.
 
         Examples
         --------
@@ -403,21 +321,7 @@ class Traffic:
         return self.bytes_read + self.bytes_written + self.bytes_allocated
 
     def per_element(self) -> float:
-        r"""Bytes moved per element of the ``(rows, D)`` input.
-
-        Returns
-        -------
-        float
-            ``bytes / (rows * D)``.
-
-        Raises
-        ------
-        ValueError
-            ``rows * D == 0`` (a Traffic built by hand, or zero rows).
-
-        See Also
-        --------
-        bytes : The total.
+        r"""Bytes moved per element of the input; ``ValueError`` at no elements.
 
         Examples
         --------
@@ -434,19 +338,7 @@ class Traffic:
 
     @property
     def arithmetic_intensity(self) -> float:
-        r"""FLOPs per byte moved (``nan`` when nothing moves).
-
-        The roofline's abscissa: far below a machine's FLOPs per byte of
-        bandwidth, the pass is memory-bound.
-
-        Returns
-        -------
-        float
-            ``flops / bytes``.
-
-        See Also
-        --------
-        bytes : The denominator.
+        r"""FLOPs per byte of main memory (``nan`` when nothing moves).
 
         Examples
         --------
@@ -469,73 +361,38 @@ def traffic(
     work_itemsize: int | None = None,
     block_rows: int | None = None,
     write_allocate: bool = False,
+    mean_parts: int = 1,
 ) -> Traffic:
     r"""Count the FLOPs and bytes of the forward or backward under one schedule.
 
     Parameters
     ----------
     direction : {"forward", "backward"}
-        Which pass.
     schedule : {"numpy", "tiled", "fused"}
-        See the module docstring.
     rows, D : int
         Number of rows (all leading positions, ``B * T``) and row length.
     itemsize : int
         Bytes per element of the input (4 for float32).
     saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}, default "xhat_rstd"
-        What the forward saves for the backward.
     stat_itemsize : int, default 4
-        Bytes per element of the per-row statistics (``lnorm.core`` keeps
-        ``rstd`` in float64: 8).
+        Bytes per element of a per-row statistic.
     work_itemsize : int, optional
-        Compute in a working dtype of this size. ``"numpy"``: every input is
-        converted first and every output last, in main memory. ``"tiled"``:
-        the same conversions, block by block in cache (they show in
-        ``bytes_cached``). ``"fused"``: a loop that cannot read the input
-        dtype converts full-size inputs to a copy before the loop and
-        outputs back after it, in main memory (:mod:`lnorm.fused` reads
-        float16 directly, and needs none).
-        Default: the input dtype. Nothing is counted where it equals
-        ``itemsize``.
+        Compute in a working dtype of this size: op by op, every input is
+        converted first and every output last, in main memory; tiled, block
+        by block in cache; fused, a loop that cannot read the input dtype
+        converts full-size copies before and after it. Nothing is counted
+        where it equals ``itemsize``.
     block_rows : int, optional
-        ``"tiled"`` schedule only: rows per block (default: all rows, one block).
+        ``"tiled"`` only: rows per block (default: one block).
     write_allocate : bool, default False
-        Count the CPU's write-allocate: a plain store to a line that is not
-        in cache reads the line first, so every full-size tensor written to
-        main memory is also read once (``bytes_allocated``). GPUs and
-        streaming stores write without reading; leave it False for them.
+        Count the CPU's write-allocate reads.
+    mean_parts : int, default 1
+        ``saved="x_mean_rstd"`` only: the mean is saved in this many per-row
+        pieces (2 for the GPU kernels' ``mean_hi`` and ``mean_lo``).
 
     Returns
     -------
     Traffic
-        FLOPs, main-memory bytes, passes and cached bytes.
-
-    Raises
-    ------
-    TypeError
-        A size that is not an integer.
-    ValueError
-        An unknown ``direction``, ``schedule`` or ``saved``; ``rows < 0``;
-        ``D``, ``itemsize``, ``stat_itemsize``, ``work_itemsize`` or
-        ``block_rows`` below 1; ``block_rows`` with a schedule other than
-        ``"tiled"``.
-
-    See Also
-    --------
-    numpy_program : The steps the ``"numpy"`` schedule counts.
-    cache_bytes : What the forward keeps for the backward.
-    lnorm.bench.floor_bytes : The fused bytes the benchmark measures against.
-
-    Notes
-    -----
-    For ``rows * D = n`` the three schedules move, to leading order,
-
-    * fused and tiled: ``(inputs + outputs) * n * itemsize`` (3 full-size
-      passes for the backward),
-    * numpy: one read per operand and one write per temporary of every step
-      of :func:`numpy_program` (18 passes for the backward from ``xhat``).
-
-    The FLOPs are the same for all three.
 
     Examples
     --------
@@ -547,6 +404,9 @@ def traffic(
     >>> wa = traffic("backward", "fused", write_allocate=True, **kw)
     >>> wa.bytes_allocated == 1024 * 1024 * 4  # dx read once before it is written
     True
+    >>> gpu = dict(saved="x_mean_rstd", mean_parts=2, **kw)  # mean_hi, mean_lo
+    >>> traffic("forward", "fused", **gpu).bytes_written // kw["rows"]
+    4108
     """
     direction = _check_choice(direction, "direction", DIRECTIONS)
     schedule = _check_choice(schedule, "schedule", SCHEDULES)
@@ -563,6 +423,7 @@ def traffic(
                 "block_rows applies to schedule='tiled' only; leave it None."
             )
         block_rows = check_int(block_rows, "block_rows", 1)
+    mean_parts = _check_mean_parts(mean_parts, saved)
 
     n = rows * D
     upcast = work_itemsize is not None and work_itemsize != itemsize
@@ -571,6 +432,8 @@ def traffic(
     flops = sum(st.flops_full * n + st.flops_row * rows for st in program)
 
     def size(name: str) -> int:
+        if name == "mean":
+            return mean_parts * rows * stat_itemsize
         if name in _ROW:
             return rows * stat_itemsize
         if name in _PARAM:
@@ -636,41 +499,27 @@ def traffic(
     return Traffic(flops, bytes_read, bytes_written, passes, rows, D, allocated, cached)
 
 
-def _sweeps(rows: int, D: int) -> int:
-    """First sweeps of :func:`lnorm.fused.backward` over ``rows`` rows of ``D``.
-
-    Rows of :data:`lnorm.fused.GROUP_FROM_D` elements or more go in groups
-    of :data:`lnorm.fused.GROUP_ROWS`, within each chunk of
-    :data:`lnorm.fused.CHUNK_ROWS` rows, and the rows left over in a chunk
-    one by one; shorter rows all go one by one.
-    """
-    if D < GROUP_FROM_D:
-        return rows
-
-    def per_chunk(r: int) -> int:
-        return r // GROUP_ROWS + r % GROUP_ROWS
-
-    whole, rest = divmod(rows, CHUNK_ROWS)
-    return whole * per_chunk(CHUNK_ROWS) + per_chunk(rest)
-
-
 def _fused_loop_bytes(direction: str, rows: int, D: int, itemsize: int) -> int:
-    """Loads and stores of the fused CPU loops of :mod:`lnorm.fused`.
-
-    forward: ``x`` read three times (sum, squared deviations, normalize),
-    ``y`` and ``xhat`` written, ``gamma`` and ``beta`` read in float64;
-    backward: ``dy`` and ``xhat`` read twice (row sums, then ``dx``), ``dx``
-    written, ``gamma`` read in float64 once by the sweep that writes ``dx``
-    and once per first sweep (:func:`_sweeps`: one per group of
-    :data:`lnorm.fused.GROUP_ROWS` rows, or one per row), which also reads
-    and writes the float64 ``dgamma`` and ``dbeta`` accumulators.
-    """
+    """Loads and stores of the modelled fused loop (the module docstring's)."""
+    # forward: x read by each sweep, y and xhat written, gamma and beta read;
+    # backward: dy, xhat and gamma read by each sweep, dx written, and the
+    # column sums of dgamma and dbeta read and written by the first sweep.
     n = rows * D
+    sweeps = LOOP_SWEEPS[direction]
     if direction == "forward":
-        return n * (5 * itemsize + 2 * 8)
-    # gamma (8 bytes) read, and the two accumulators (8 bytes each) read and
-    # written, once per element of each first sweep.
-    return n * (5 * itemsize + 8) + _sweeps(rows, D) * D * (8 + 2 * 2 * 8)
+        return n * ((sweeps + 2) * itemsize + 2 * LOOP_ITEMSIZE)
+    return n * ((2 * sweeps + 1) * itemsize
+                + (sweeps + 2 * 2) * LOOP_ITEMSIZE)
+
+
+def _check_mean_parts(mean_parts, saved: str) -> int:
+    mean_parts = check_int(mean_parts, "mean_parts", 1)
+    if mean_parts != 1 and saved != "x_mean_rstd":
+        raise ValueError(
+            "mean_parts counts the pieces of a saved mean; it applies to "
+            f"saved='x_mean_rstd' only, not {saved!r}. Leave it 1."
+        )
+    return mean_parts
 
 
 def cache_bytes(
@@ -681,53 +530,24 @@ def cache_bytes(
     itemsize: int,
     stat_itemsize: int = 4,
     kept_alive: Collection[str] = (),
+    mean_parts: int = 1,
 ) -> int:
     r"""Count the bytes the forward's cache holds until the backward runs.
 
     Parameters
     ----------
-    saved : {"xhat_rstd", "x_mean_rstd", "y_rstd", "x"}
-        ``xhat`` + ``rstd``; ``x`` + ``mean`` + ``rstd``; ``y`` + ``rstd``;
-        ``x`` alone.
-    rows, D, itemsize : int
-        As in :func:`traffic`.
-    stat_itemsize : int, default 4
+    saved, rows, D, itemsize, stat_itemsize, mean_parts
         As in :func:`traffic`.
     kept_alive : collection of {"x", "y"}, default ()
-        Full-size tensors that stay alive until the backward anyway (``y``
-        when the next layer saves its input, ``x`` when an activation
-        checkpoint holds it); they cost the cache nothing.
+        Full-size tensors alive until the backward anyway (``y`` when the
+        next layer saves its input, ``x`` under an activation checkpoint):
+        they cost the cache nothing.
 
     Returns
     -------
     int
-        ``rows * D * itemsize`` for the saved activation (unless kept alive),
-        plus ``rows * stat_itemsize`` per saved statistic. The parameters are
-        held by the layer itself and not counted.
-
-    Raises
-    ------
-    TypeError
-        A size that is not an integer.
-    ValueError
-        An unknown ``saved``, a size out of range, or ``kept_alive`` naming
-        something other than ``"x"`` and ``"y"``.
-
-    See Also
-    --------
-    traffic : The bytes each choice moves.
-    lnorm.cache.LayerNormCache : What :func:`lnorm.forward` keeps
-        (``"xhat_rstd"``).
-
-    Notes
-    -----
-    ``"y_rstd"`` recovers ``xhat = (y - beta) / gamma``. The stored ``y``
-    carries a rounding error of about ``u * |y|`` (``u`` the unit roundoff),
-    so the recovered ``xhat`` is off by about ``u * |y| / |gamma|``: fine for
-    ``gamma`` of order one, useless where ``|gamma|`` is tiny, and undefined
-    (0/0) where ``gamma`` is exactly zero, which weight decay and pruning do
-    produce. A library offering this variant must keep ``x`` (or ``xhat``)
-    for such models.
+        The saved activation (unless kept alive) and statistics; the
+        parameters belong to the layer and are not counted.
 
     Examples
     --------
@@ -735,12 +555,16 @@ def cache_bytes(
     [40, 48, 40, 32]
     >>> cache_bytes("x_mean_rstd", rows=2, D=4, itemsize=4, kept_alive={"x"})
     16
+    >>> cache_bytes("x_mean_rstd", rows=2, D=4, itemsize=4, kept_alive={"x"},
+    ...             mean_parts=2)  # mean_hi, mean_lo and rstd
+    24
     """
     saved = _check_choice(saved, "saved", SAVED)
     rows = check_int(rows, "rows", 0)
     D = check_int(D, "D", 1)
     itemsize = check_int(itemsize, "itemsize", 1)
     stat_itemsize = check_int(stat_itemsize, "stat_itemsize", 1)
+    mean_parts = _check_mean_parts(mean_parts, saved)
     unknown = set(kept_alive) - {"x", "y"}
     if unknown:
         raise ValueError(
@@ -748,6 +572,7 @@ def cache_bytes(
         )
     activations = {"xhat_rstd": "xhat", "x_mean_rstd": "x", "y_rstd": "y", "x": "x"}
     activation = activations[saved]
-    n_stats = {"xhat_rstd": 1, "x_mean_rstd": 2, "y_rstd": 1, "x": 0}[saved]
+    n_stats = {"xhat_rstd": 1, "x_mean_rstd": 1 + mean_parts, "y_rstd": 1,
+               "x": 0}[saved]
     held = 0 if activation in kept_alive else rows * D * itemsize
     return held + n_stats * rows * stat_itemsize

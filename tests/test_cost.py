@@ -5,7 +5,7 @@ import inspect
 import pytest
 
 import lnorm
-from lnorm import bench, cost, fused
+from lnorm import bench, cost
 
 # A tiny problem where every byte can be counted by hand:
 # rows = 2, D = 3, float32 (itemsize 4), per-row statistics in float64 (8).
@@ -153,21 +153,16 @@ def test_fused_loop_bytes_through_the_caches():
     assert bwd.bytes_cached == n * (5 * 4 + 2 * 8 + 2 * 2 * 8) == 408
 
 
-def test_fused_backward_updates_accumulators_once_per_group_of_four():
-    # lnorm.fused takes rows of 768 elements or more four at a time, within
-    # chunks of 1024 rows; the rows left over in a chunk go one by one.
-    assert (fused.GROUP_ROWS, fused.GROUP_FROM_D, fused.CHUNK_ROWS) == (4, 768, 1024)
-    D = 1024
-    rows = 1024 + 9  # a whole chunk (256 groups), then 9 rows: 2 groups + 1 row
-    sweeps = 256 + 2 + 1
-    t = cost.traffic("backward", "fused", rows=rows, D=D, itemsize=4)
-    # Per element: dy, xhat read twice, dx written (4 B each), gamma read by the
-    # dx sweep (8 B). Per element of a first sweep: gamma read (8 B), dgamma and
-    # dbeta read and written (4 * 8 B).
-    assert t.bytes_cached == rows * D * (5 * 4 + 8) + sweeps * D * (8 + 32)
-    # At 767 elements the same rows go one by one.
-    short = cost.traffic("backward", "fused", rows=rows, D=767, itemsize=4)
-    assert short.bytes_cached == rows * 767 * (5 * 4 + 8 + 8 + 32)
+def test_fused_loop_model_is_its_own_not_the_loops_tuning():
+    # The model's loop takes a row at a time whatever D is: the column sums are
+    # read and written once per element, at every row length and row count.
+    assert cost.LOOP_SWEEPS == {"forward": 3, "backward": 2}
+    assert cost.LOOP_ITEMSIZE == 8
+    for rows, D in [(1033, 1024), (1033, 767), (1, 5)]:
+        t = cost.traffic("backward", "fused", rows=rows, D=D, itemsize=4)
+        # dy, xhat read by both sweeps, dx written (4 B); gamma read by both
+        # sweeps, dgamma and dbeta read and written (8 B each).
+        assert t.bytes_cached == rows * D * (5 * 4 + (2 + 4) * 8)
 
 
 def test_write_allocate_reads_every_full_size_output_once():
@@ -284,6 +279,32 @@ def test_traffic_rejects_bad_arguments(kwargs, exc, match):
     direction, schedule = args.pop("direction"), args.pop("schedule")
     with pytest.raises(exc, match=match):
         cost.traffic(direction, schedule, **args)
+
+
+def test_a_mean_in_two_pieces_is_three_statistics():
+    # The GPU kernels save mean_hi, mean_lo and rstd: one row vector more to
+    # write in the forward, to read in the backward and to hold.
+    kw = dict(saved="x_mean_rstd", **SMALL)
+    one, two = ({d: cost.traffic(d, "fused", mean_parts=k, **kw)
+                 for d in cost.DIRECTIONS} for k in (1, 2))
+    assert two["forward"].bytes_written == one["forward"].bytes_written + ROW
+    assert two["forward"].bytes_written == FULL + 3 * ROW
+    assert two["backward"].bytes_read == one["backward"].bytes_read + ROW
+    assert two["backward"].bytes_written == one["backward"].bytes_written
+    assert two["forward"].flops == one["forward"].flops
+    held = cost.cache_bytes("x_mean_rstd", kept_alive={"x"}, mean_parts=2,
+                            rows=2, D=3, itemsize=4, stat_itemsize=8)
+    assert held == 3 * ROW
+
+
+@pytest.mark.parametrize("saved", ["xhat_rstd", "y_rstd", "x"])
+def test_mean_parts_needs_a_saved_mean(saved):
+    with pytest.raises(ValueError, match="mean_parts.*x_mean_rstd"):
+        cost.traffic("forward", "fused", saved=saved, mean_parts=2, **SMALL)
+    with pytest.raises(ValueError, match="mean_parts"):
+        cost.cache_bytes(saved, mean_parts=2, rows=2, D=3, itemsize=4)
+    with pytest.raises(ValueError, match="mean_parts"):
+        cost.traffic("forward", "fused", mean_parts=0, **SMALL)
 
 
 def test_cache_bytes_rejects_unknown_alive_tensor():
