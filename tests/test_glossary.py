@@ -23,10 +23,6 @@ How math becomes symbols (``symbols``):
 * ``\\mathrm{rstd}`` or ``\\operatorname{rstd}`` is ``rstd``; ``m_{\\rm hi}``
   and ``m_{\\rm lo}`` are ``m_hi`` and ``m_lo``; ``\\mathrm{i}`` is the
   imaginary unit ``imag``; ``\\text{...}`` is prose and has no symbols.
-
-Pages that other work is rewriting are listed in ``PENDING_REWRITE`` with
-the symbols they use today; the integrator moves those into the glossary or
-a local list when the rewrite lands.
 """
 
 from __future__ import annotations
@@ -63,16 +59,6 @@ LOCAL: dict[str, dict[str, str]] = {
         "z": "z_j, standard normal values",
         "V": "V, the size of one outlier entry",
         "ell": "the exponent of a power of two, 2^ell",
-    },
-}
-
-# Pages that other work is rewriting: their symbols as they stand, allowed
-# without the cap and the checks below until the rewrite lands. The integrator
-# empties this (into the glossary or LOCAL) when it merges that work.
-PENDING_REWRITE: dict[str, set[str]] = {
-    "book/06_gpu": {
-        "A", "C", "G", "R", "S", "W", "b", "c", "d", "eta", "h", "l", "m",
-        "n", "o", "p", "q", "r", "s", "t", "tau",
     },
 }
 
@@ -205,7 +191,7 @@ def glossary_terms() -> set[str]:
 
 def unknown_symbols(doc: str, text: str, terms: set[str]) -> Counter:
     """Symbols of a page's math in neither the glossary nor its local list."""
-    allowed = terms | set(LOCAL.get(doc, {})) | PENDING_REWRITE.get(doc, set())
+    allowed = terms | set(LOCAL.get(doc, {}))
     return Counter(s for tex in math_of(text) for s in symbols(tex)
                    if s not in allowed)
 
