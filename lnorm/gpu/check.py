@@ -26,10 +26,10 @@ from ..core import backward as core_backward
 from ..core import forward as core_forward
 from ..gradcheck import compare_gradients
 from ..inputs import make_inputs as draw_inputs
-from .kernels import LaunchPlan, constants, plan
+from .kernels import LaunchPlan, plan
 
 __all__ = [
-    "SHAPES", "CLUSTER_SHAPES", "make_inputs", "forward_backward", "reference",
+    "SHAPES", "make_inputs", "forward_backward", "reference",
     "relative_errors",
     "summation_depth", "error_bounds", "order_bound", "atomic_check", "offset_errors",
 ]
@@ -43,21 +43,6 @@ SHAPES = (
     (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64),
     (20, 12288), (6, 12289),
 )
-#: ``(rows, D)`` past :func:`lnorm.gpu.kernels.max_D_block`, where v5's rows
-#: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): every
-#: slice full (16384, 32768, 65536), and at 20000 a third slice partly filled
-#: and a fourth empty (float16: the kernel of a tail, for its row more in
-#: flight); then the same clusters with a tail in the last slice, in float32
-#: and float16: rows that start on 4 bytes (12290, 20002, 65530) and float16
-#: rows that start on 2 bytes every other row (12291, 20001, 65531). So few
-#: rows take backward strips of one row, a cluster each (fewer clusters than
-#: a wave); the last three shapes have enough rows for strips of four and
-#: five rows in clusters of 2, 4 and 8, longer than the rows in flight.
-CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 32768), (2, 65536), (3, 12290),
-                  (2, 20002), (2, 65530), (3, 12291), (2, 20001), (2, 65531),
-                  (200, 16384), (100, 32768), (66, 65536))
-
-
 def _host(a) -> np.ndarray:
     """A NumPy array; CuPy arrays are copied from the device."""
     return a.get() if hasattr(a, "get") else np.asarray(a)
@@ -229,9 +214,7 @@ def summation_depth(p: LaunchPlan) -> int:
     sequence, then a warp's 32 partial sums meet in 5 shuffle rounds, and a
     block's warps in 5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)`` for
     the kernels that hold the row in registers; ``chunks`` times as many
-    elements per thread for the long-row kernels; for v5's clusters of
-    ``C`` blocks, a slice's depth (``LN_ELEMS_PER_THREAD + 10``) and the
-    ``C - 1`` additions of the slices' sums.
+    elements per thread for the long-row kernels.
 
     Parameters
     ----------
@@ -257,12 +240,8 @@ def summation_depth(p: LaunchPlan) -> int:
     26
     >>> summation_depth(plan(1, 12288, np.float32))  # 24 a thread (2 chunks), 5 + 5
     34
-    >>> summation_depth(plan(1, 65536, np.float32, "v5"))  # 8 slices: 16 + 10 + 7
-    33
     """
-    if p.cluster > 1:
-        return constants()["LN_ELEMS_PER_THREAD"] + 10 + p.cluster - 1
-    nvec = -(-p.D // p.vec)  # a tail (v5's rows of any D) counts as a vector
+    nvec = p.D // p.vec
     serial = -(-nvec // p.threads_per_row) * p.vec
     return serial + 5 + (5 if p.per_block else 0)
 
@@ -293,8 +272,7 @@ def error_bounds(D: int, rung: str = "v4") -> dict[str, float]:
     summed by 512 threads, the busiest adding ``vec * ceil(D / vec / 512)``
     elements in sequence, so there ``k = vec * ceil(D / vec / 512) + 10 <= 16
     ceil(D / 8192) + 10`` grows linearly in ``D`` (34 at ``D = 12288``, 138 at
-    65536), but for v5's clusters of blocks, whose depth stays ``16 + 10 + C
-    - 1 <= 33`` (``rung="v5"``). Nothing depends on the offset of ``x``:
+    65536). Nothing depends on the offset of ``x``:
     that is the point of the corrected mean. Measured errors sit far below (random
     rounding errors grow like ``sqrt(k)``, not ``k``).
 
@@ -307,8 +285,7 @@ def error_bounds(D: int, rung: str = "v4") -> dict[str, float]:
     D : int
         Row length, as :func:`lnorm.gpu.kernels.plan` accepts it.
     rung : {"v4", "v3", "v5"}, default "v4"
-        Whose order of the row sums (v3's is v4's; v5's differs only for the
-        rows its clusters take).
+        Whose order of the row sums (all three have v4's).
 
     Returns
     -------
@@ -382,7 +359,7 @@ def atomic_check(backward, inp: dict) -> dict:
     ----------
     backward : callable
         ``backward(dy, x, gamma, mean_hi, mean_lo, rstd, rung="v3")``: the
-        kernels on a GPU, on the CPU (:mod:`lnorm.gpu.host`), or the emulation.
+        kernels on a GPU, on the CPU (the tests' harness), or the emulation.
     inp : dict
         From :func:`lnorm.gpu.check.make_inputs`.
 

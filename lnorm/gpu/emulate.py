@@ -32,7 +32,6 @@ from .kernels import (
     check_backward_args,
     check_forward_args,
     constants,
-    max_D,
     plan,
 )
 
@@ -77,10 +76,6 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     ... of ``vec`` elements, ``G`` threads per row), a warp's 32 lanes meet in
     a butterfly (lane ``i`` plus lane ``i ^ 16``, then ``^ 8``, ..., ``^ 1``),
     and for one row per block, warp 0 combines the warps' sums the same way.
-    A row that a cluster of blocks holds (v5, ``p.cluster > 1``) is cut into
-    slices of ``max_D()`` elements, one a block; each slice is summed so, as a
-    row of ``max_D()`` elements, and the slices' sums are added in order,
-    ``((s_0 + s_1) + s_2) + ...``.
 
     Parameters
     ----------
@@ -106,15 +101,6 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     >>> row_sum(a, plan(2, 600, np.float32)).tolist()
     [179700.0, 539700.0]
     """
-    if p.cluster > 1:  # slices of max_D(), each summed as such a row, in order
-        whole = plan(a.shape[0], max_D(), p.dtype)
-        total = np.zeros(a.shape[0], dtype=F32)
-        for r in range(p.cluster):
-            piece = np.zeros((a.shape[0], max_D()), dtype=F32)
-            part = a[:, r * max_D():(r + 1) * max_D()]
-            piece[:, : part.shape[1]] = part
-            total = row_sum(piece, whole) if r == 0 else total + row_sum(piece, whole)
-        return total
     lanes = _lanes(a, p)
     per_thread = np.zeros((a.shape[0], p.threads_per_row), dtype=F32)
     for i in range(p.vecs_per_thread):  # each thread: its elements in sequence
@@ -152,9 +138,8 @@ def forward(
     eps : float, default 1e-5
         Added to the variance.
     rung : {"v4", "v3", "v5"}, default "v4"
-        Whose forward kernel. They make the same sums in the same order (v5's
-        row group sums as a block of its size does), so the result does not
-        depend on it; it is checked like the kernels'.
+        Whose forward kernel. They make the same sums in the same order, so
+        the result does not depend on it.
 
     Returns
     -------
@@ -283,7 +268,7 @@ def _terms(p: LaunchPlan, dy, x, mean_hi, mean_lo, rstd):
 def _partials(p: LaunchPlan, dy32: np.ndarray, xhat: np.ndarray) -> tuple:
     """The backward kernel's partial rows of dgamma and dbeta under plan p."""
     parts = strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
-    if p.rung == "v5":  # a block's (a cluster's) groups add theirs first
+    if p.rung == "v5":  # a block's groups add theirs first
         parts = tuple(block_partials(part, p) for part in parts)
     return parts
 
@@ -295,8 +280,7 @@ def column_partials(dy, x, mean_hi, mean_lo, rstd, *, rung: str = "v4",
 
     The row groups' column sums over their strips (v3: what its atomics
     add; v4: the ``(row_groups, D)`` buffers), or for v5 those of each block's
-    (each cluster's) groups added first: one partial row per block
-    (cluster), what its second stage sums.
+    groups added first: one partial row per block, what its second stage sums.
 
     Parameters
     ----------
@@ -404,7 +388,7 @@ def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
     Returns
     -------
     ndarray, float32, shape (partial_rows, D)
-        One partial row per block (per cluster of blocks), what the reduction
+        One partial row per block, what the reduction
         then sums.
 
     See Also
@@ -494,7 +478,7 @@ def backward(
     """
     p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung,
                             rows_per_group=rows_per_group)
-    if order is not None and rung != "v3":
+    if order is not None and p.rung != "v3":
         raise ValueError(f"order is for rung='v3' (atomics); got rung={rung!r}.")
     dy32, xhat, rs = _terms(p, dy, x, mean_hi, mean_lo, rstd)
     g = np.asarray(gamma, F32) * dy32
@@ -503,7 +487,7 @@ def backward(
     mean_gxhat = (row_sum(g * xhat, p) / D)[:, None]
     dx = ((g - mean_g) - xhat * mean_gxhat) * rs
     parts = _partials(p, dy32, xhat)
-    if rung == "v3":
+    if p.rung == "v3":
         dgamma, dbeta = (add_in_order(part, order) for part in parts)
     else:  # v5's reduction has more slices
         slices = p.reduce_launch()[2][1]

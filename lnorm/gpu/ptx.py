@@ -693,7 +693,7 @@ def inspect_kernels(
     >>> reports, usage = inspect_kernels()
     >>> with_atomics = {name for name, k in reports.items() if k.count("atom")}
     >>> len(reports), with_atomics == {name for name in reports if "_atomic_" in name}
-    (88, True)
+    (41, True)
     >>> usage is None or set(usage) == set(reports)
     True
     """

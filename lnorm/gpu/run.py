@@ -36,7 +36,6 @@ from .kernels import (
     KERNEL_FILES,
     check_backward_args,
     check_forward_args,
-    cluster_blocks,
     compile_binary,
     kernel_params,
     plan,
@@ -70,7 +69,6 @@ def available() -> tuple[bool, str]:
 
     See Also
     --------
-    lnorm.gpu.host.available : Whether the kernels can run on the CPU.
 
     Examples
     --------
@@ -120,7 +118,6 @@ class FusedLayerNorm:
     See Also
     --------
     lnorm.gpu.emulate.forward : The same arithmetic in NumPy.
-    lnorm.gpu.host.HostLayerNorm : The same CUDA source run on the CPU.
 
     Examples
     --------
@@ -152,10 +149,8 @@ class FusedLayerNorm:
                 path.write_bytes(binary)
                 module = cp.RawModule(path=str(path))
                 # get_function loads the module now, while the file exists.
-                # Kernels of thread block clusters exist from sm_90 on.
                 for name in kernel_params(filename):
-                    if cluster_blocks(name) == 1 or cc >= 90:
-                        self._functions[name] = module.get_function(name)
+                    self._functions[name] = module.get_function(name)
 
     def _as_device(self, a, dtype=None):
         """A C-contiguous device array, 16-byte aligned (vector loads need it)."""
@@ -181,11 +176,9 @@ class FusedLayerNorm:
         eps : float, default 1e-5
             Added to the variance.
         rung : {"v4", "v3", "v5"}, default "v4"
-            Whose forward kernel (:data:`lnorm.gpu.kernels.RUNGS`): v5's takes
-            strips of rows and prefetches the next row
-            (:meth:`lnorm.gpu.kernels.LaunchPlan.forward_launch`); v3's is v4's.
-            They make the same arithmetic in the same order, so the bits do
-            not depend on the rung (checked on the CPU, predicted here).
+            Whose forward kernel: v4's, but for v5's own of long float16 rows
+            (:meth:`lnorm.gpu.kernels.LaunchPlan.forward_launch`), which makes
+            the same arithmetic in the same order: the same bits.
 
         Returns
         -------
@@ -200,9 +193,7 @@ class FusedLayerNorm:
             Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
         RuntimeError
             A v5 launch whose prefetch buffers need more shared memory per
-            block than the device allows (none on an A100 or an H100: the
-            largest, the float32 forward of rows past ``max_D()``, takes
-            144 KiB).
+            block than the device allows.
 
         See Also
         --------
@@ -235,12 +226,9 @@ class FusedLayerNorm:
     def takes(self, rows: int, D: int, dtype, rung: str = "v4") -> bool:
         r"""Say whether this device can launch a rung's kernels at a shape.
 
-        The plan takes the shape (:func:`lnorm.gpu.kernels.rungs_for`), and
-        the device gives each kernel the shared memory it needs: v5's
+        The device must give each kernel the shared memory it needs: v5's
         prefetch buffers may need more than a GPU allows (on an A100, the
-        float32 backward of rows past ``max_D()``), and v5's kernels of
-        clusters, for rows past :func:`lnorm.gpu.kernels.max_D_block`, need
-        sm_90 or later.
+        float32 backward of rows past ``max_D()``).
 
         Parameters
         ----------
@@ -276,11 +264,6 @@ class FusedLayerNorm:
         return shared + getattr(self._functions[name], "shared_size_bytes", 0)
 
     def _launch(self, name: str, grid, block, args, shared: int) -> None:
-        if name not in self._functions:
-            raise RuntimeError(
-                f"{name} runs its blocks in clusters, which this GPU lacks (sm_90 "
-                "and later have them); rung='v4' takes this shape without them."
-            )
         kernel = self._functions[name]
         needed = self._shared_needed(name, shared)
         if needed > self._shared_limit:
@@ -314,14 +297,13 @@ class FusedLayerNorm:
         mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
             As :meth:`lnorm.gpu.run.FusedLayerNorm.forward` returns them.
         rung : {"v4", "v3", "v5"}, default "v4"
-            The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`; which take
-            which rows: :func:`lnorm.gpu.kernels.rungs_for`). v3's ``dx`` has
+            The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`; a rung with
+            no kernel for the rows runs v4's). v3's ``dx`` has
             v4's bits, its ``dgamma`` and ``dbeta`` may differ in their last
             bits from run to run; v5's equal :mod:`lnorm.gpu.emulate`'s.
         second_stage : bool, default True
             False (v4, v5): stop after the backward kernel and return its
-            partial rows instead of dgamma and dbeta, as
-            :meth:`lnorm.gpu.host.HostLayerNorm.backward` does.
+            partial rows instead of dgamma and dbeta.
         rows_per_group : int, optional
             The backward's strip, if not the plan's
             (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): ``dx`` is the
@@ -372,7 +354,7 @@ class FusedLayerNorm:
             self._as_device(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd))
         p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung,
                                 rows_per_group=rows_per_group)
-        if not second_stage and rung == "v3":
+        if not second_stage and p.rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows (no partial rows)
@@ -381,7 +363,7 @@ class FusedLayerNorm:
                     cp.zeros(shape, dtype=cp.float32))
         name, grid, block, ints = p.backward_launch()
         ins = (dy, x, gamma, mean_hi, mean_lo, rstd, dx)
-        if rung == "v3":  # into dgamma and dbeta, which start at zero
+        if p.rung == "v3":  # into dgamma and dbeta, which start at zero
             dgamma = cp.zeros(p.D, dtype=cp.float32)
             dbeta = cp.zeros(p.D, dtype=cp.float32)
             self._functions[name](grid, block, (*ins, dgamma, dbeta, *ints))
