@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One lease on a GPU machine: every check of dev/README.md, most
+# One lease on a GPU machine: every step of dev/README.md, most
 # important first, each under its own time limit, the whole run under BUDGET
 # seconds, so that a short lease still brings back the first results.
 #

@@ -45,13 +45,13 @@ SHAPES = (
     (1, 65537),
 )
 #: Every kernel, under both sanitizers: warps of scalars (7) and of vectors
-#: (512), blocks of scalars (513) and vectors (1024: v5's blocks, its wide
+#: (64), blocks of scalars (513) and vectors (520: v5's blocks, its wide
 #: second stage), long rows of vectors whose second chunk is almost empty
 #: (8200: v5's rows from shared memory) and of scalars (8201).
-SANITIZED_SHAPES = ((18, 7), (5, 512), (3, 513), (3, 1024), (2, 8200), (2, 8201))
+SANITIZED_SHAPES = ((18, 7), (5, 64), (3, 513), (3, 520), (2, 8200), (2, 8201))
 #: v5 at 8200 under ThreadSanitizer: its second stage has 257 blocks of 1024
 #: threads there, a quarter of a minute per dtype; its row loop, prefetch and
-#: row sums are those ThreadSanitizer runs at 512 and 1024, and
+#: row sums are those ThreadSanitizer runs at 64 and 520, and
 #: AddressSanitizer runs it whole.
 SANITIZED_SKIP = {
     "asan": (),
@@ -61,10 +61,14 @@ DIRTY = ("ERROR: AddressSanitizer", "runtime error", "WARNING: ThreadSanitizer")
 
 
 @pytest.fixture(scope="module")
-def host():
+def gxx():
     ok, why = cpu.available()
     if not ok:
         pytest.skip(f"cannot compile the CUDA sources for the CPU: {why}")
+
+
+@pytest.fixture(scope="module")
+def host(gxx):
     return cpu.HostLayerNorm()
 
 
@@ -324,18 +328,19 @@ def run(code, flags=(), source_dir=None, needed=None) -> tuple[int, str]:
 
 
 def selftest(shapes, flags, source_dir=None, dtypes=("float32", "float16"),
-             skip=()) -> tuple[str, tuple]:
-    """Code that runs cuda_host.selftest, except ``(D, dtype, rung)`` in
-    ``skip``, and the kernels it launches (the library's, built once)."""
+             skip=(), rungs=None) -> tuple[str, tuple]:
+    """Code that runs cuda_host.selftest (of ``rungs``, default every rung with
+    kernels of its own), except ``(D, dtype, rung)`` in ``skip``, and the
+    kernels it launches (the library's, built once)."""
     src = None if source_dir is None else str(source_dir)
     calls, needed = [], set()
     for rows, D in shapes:
         for dtype in dtypes:
-            rungs = tuple(r for r in kernels.rungs_for(D, dtype)
-                          if (D, dtype, r) not in skip)
-            needed |= set(cpu.kernels_for(((rows, D),), (dtype,), rungs))
+            here = tuple(r for r in kernels.rungs_for(D, dtype)
+                         if (D, dtype, r) not in skip and (rungs is None or r in rungs))
+            needed |= set(cpu.kernels_for(((rows, D),), (dtype,), here))
             calls.append(f"selftest({((rows, D),)!r}, {(dtype,)!r}, "
-                         f"{tuple(flags)!r}, {src!r}, {rungs!r}, KERNELS)")
+                         f"{tuple(flags)!r}, {src!r}, {here!r}, KERNELS)")
     needed = tuple(sorted(needed))
     code = f"from cuda_host import selftest\nKERNELS = {needed!r}\n" + "\n".join(calls)
     return code, needed
@@ -364,162 +369,107 @@ def test_sanitized_shapes_reach_every_kernel():
                                  "ln_fwd_grouped_long_f16_v8"}
 
 
-@pytest.mark.slow
-def test_sanitizers_find_nothing(host):
-    """AddressSanitizer (with UBSan) and ThreadSanitizer, side by side."""
-    def one(kind):
-        flags = cpu.SANITIZE[kind]
-        return run(selftest(SANITIZED_SHAPES, flags, skip=SANITIZED_SKIP[kind]), flags)
-
-    with ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, ("asan", "tsan")))
-    for rc, out in results:
-        assert rc == 0 and out.count("selftest passed") == 2 * len(
-            SANITIZED_SHAPES), out[-4000:]
-        assert not [d for d in DIRTY if d in out], out[-4000:]
-
-
 RACE = "WARNING: ThreadSanitizer: data race"
 OVERFLOW = "ERROR: AddressSanitizer: heap-buffer-overflow"
 
 
-def run_control(tmp_path, filename: str, edit, shape, kind: str,
-                dtype: str = "float32") -> tuple[int, str]:
-    """The selftest at ``shape`` on ``filename`` passed through ``edit``,
-    built with the ``kind`` sanitizer."""
-    src = modified_copy(tmp_path, filename, edit)
-    flags = cpu.SANITIZE[kind]
-    return run(selftest((shape,), flags, src, (dtype,)), flags, src)
+def _drop_first_block_barrier(text):  # between parking the warp sums and reading them
+    at = text.index("block_sum(V v")
+    return text[:at] + text[at:].replace("__syncthreads();", "", 1)
+
+
+def _prefetch_one_past(text):
+    at = text.index("auto prefetch = ")
+    return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
+
+
+#: The negative controls: an edit of one file that a check must catch, the
+#: selftest that runs it (shape, dtype, rungs), the sanitizer ("" for none)
+#: and what the output must say. Each proves that its check can fail.
+CONTROLS = {
+    # a missing barrier in a block's row sum: a data race
+    "missing_barrier": (kernels.COMMON_FILE, _drop_first_block_barrier,
+                        (2, 513), "float32", ("v4",), "tsan", (RACE, "block_sum")),
+    # the long-row backward without the barrier before its second pass reads
+    # the strip's row means while thread 0 may still be writing them
+    "long_row_missing_barrier": (
+        kernels.LONG_FILE,
+        lambda t: t.replace("    __syncthreads();  // every row's means", "    //", 1),
+        (2, 8200), "float32", ("v4",), "tsan", (RACE, "layernorm_backward_long")),
+    # v3 with a plain += for atomicAdd: the warps of a block (three row groups
+    # at 40 x 7) add into the same dgamma words at once
+    "plain_add_in_v3": (
+        "layernorm_backward.cu",
+        lambda t: t.replace("atomicAdd(dgamma_part + v * VEC + c,\n"
+                            "                              dgamma_acc[i * VEC + c]);",
+                            "dgamma_part[v * VEC + c] += dgamma_acc[i * VEC + c];", 1),
+        (40, 7), "float32", ("v3",), "tsan", (RACE, "layernorm_backward")),
+    # v5 without the barrier between a group writing its column sums to shared
+    # memory and group 0 reading them
+    "v5_hand_over_without_barrier": (
+        "layernorm_backward.cu",
+        lambda t: t.replace("            __syncthreads();\n            if (p == 0) {",
+                            "            if (p == 0) {", 1),
+        (70, 64), "float32", ("v5",), "tsan", (RACE, "layernorm_backward_grouped")),
+    # the forward's row step loading one vector past the row
+    "load_past_the_row": (
+        "layernorm_forward.cu",
+        lambda t: t.replace("if (active && v < nvec)", "if (active && v <= nvec)", 1),
+        (3, 7), "float32", ("v4",), "asan", (OVERFLOW, "layernorm_forward")),
+    # v5's prefetch copying one vector past the row (read when a wait lands
+    # it): at 1028 the 96 threads of a row cover more vectors than it has
+    "v5_prefetch_past_the_row": (
+        "layernorm_backward.cu", _prefetch_one_past, (3, 1028), "float32", ("v5",),
+        "asan", (OVERFLOW, "layernorm_backward_grouped")),
+    # the same for v5's forward of long float16 rows: at 8200, 512 threads of
+    # 3 vectors cover more than the row's 1025
+    "v5_forward_prefetch_past_the_row": (
+        "layernorm_forward.cu", _prefetch_one_past, (2, 8200), "float16", ("v5",),
+        "asan", (OVERFLOW, "layernorm_forward_grouped")),
+    # the long-row kernels reading one vector past the last chunk
+    "long_row_read_past_its_end": (
+        kernels.LONG_FILE,
+        lambda t: t.replace("if (v < nvec) f(v);", "if (v <= nvec) f(v);", 1),
+        (2, 8200), "float32", ("v4",), "asan", (OVERFLOW, "layernorm_long")),
+    # v5's row loop waiting for all but S copy groups instead of S - 1: the
+    # row it reads may still be in flight. On the host a copy lands only when
+    # a wait lets its group go, so the slot holds its old bytes (the launch's
+    # 0xff, or an earlier row) and the outputs differ from the emulation.
+    "v5_wait_one_group_short": (
+        kernels.COMMON_FILE,
+        lambda t: t.replace("async_wait<S - 1>();  // row k's copies are done",
+                            "async_wait<S>();", 1),
+        (3, 1028), "float32", ("v5",), "", ("AssertionError",)),
+}
 
 
 @pytest.mark.slow
-def test_control_missing_barrier_is_a_data_race(host, tmp_path):
-    def drop_first_barrier(
-        text,
-    ):  # the one between parking the warp sums and reading them
-        at = text.index("block_sum(V v")
-        return text[:at] + text[at:].replace("__syncthreads();", "", 1)
-
-    rc, out = run_control(
-        tmp_path, kernels.COMMON_FILE, drop_first_barrier, (2, 513), "tsan"
-    )
-    assert rc != 0 and RACE in out and "block_sum" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_long_row_missing_barrier_is_a_data_race(host, tmp_path):
-    """Without the barrier before its second pass, the long-row backward reads
-    the strip's last row means while thread 0 may still be writing them."""
-
-    def drop_barrier(text):
-        return text.replace("    __syncthreads();  // every row's means", "    //", 1)
-
-    rc, out = run_control(tmp_path, kernels.LONG_FILE, drop_barrier, (2, 8200), "tsan")
-    assert rc != 0 and RACE in out and "layernorm_backward_long" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_plain_add_in_v3_is_a_data_race(host, tmp_path):
-    """v3 with a plain += where it has atomicAdd: the warps of a block, three
-    row groups at (40, 7), add into the same dgamma words at once."""
-
-    def plain_add(text):
-        return text.replace(
-            "atomicAdd(dgamma_part + v * VEC + c,\n"
-            "                              dgamma_acc[i * VEC + c]);",
-            "dgamma_part[v * VEC + c] += dgamma_acc[i * VEC + c];", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_backward.cu", plain_add, (40, 7), "tsan")
-    assert rc != 0 and RACE in out and "layernorm_backward" in out, out[-4000:]
+def test_sanitizers_find_nothing_and_every_control_fails(gxx, tmp_path):
+    """Both sanitizers at SANITIZED_SHAPES, clean; then every control of
+    CONTROLS, caught. Two at a time (AddressSanitizer beside ThreadSanitizer):
+    each builds only the kernels its selftest launches."""
+    jobs = {kind: (selftest(SANITIZED_SHAPES, cpu.SANITIZE[kind],
+                            skip=SANITIZED_SKIP[kind]), cpu.SANITIZE[kind], None)
+            for kind in ("asan", "tsan")}
+    for name, (filename, edit, shape, dtype, rungs, kind, _) in CONTROLS.items():
+        (tmp_path / name).mkdir()
+        src = modified_copy(tmp_path / name, filename, edit)
+        flags = cpu.SANITIZE[kind] if kind else ()
+        jobs[name] = (selftest((shape,), flags, src, (dtype,), rungs=rungs), flags, src)
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(jobs, pool.map(lambda job: run(*job), jobs.values())))
+    for kind in ("asan", "tsan"):
+        rc, out = done[kind]
+        assert rc == 0 and out.count("selftest passed") == 2 * len(
+            SANITIZED_SHAPES), out[-4000:]
+        assert not [d for d in DIRTY if d in out], out[-4000:]
+    for name, (*_, expected) in CONTROLS.items():
+        rc, out = done[name]
+        assert rc != 0 and all(e in out for e in expected), (name, out[-4000:])
 
 
 @pytest.mark.slow
-def test_control_v5_hand_over_without_barrier_is_a_data_race(host, tmp_path):
-    """v5 without the barrier between a group writing its column sums to
-    shared memory and group 0 reading them."""
-
-    def drop_barrier(text):
-        hand_over = "            __syncthreads();\n            if (p == 0) {"
-        return text.replace(hand_over, "            if (p == 0) {", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_backward.cu", drop_barrier, (70, 64),
-                          "tsan")
-    assert rc != 0 and RACE in out and "layernorm_backward_grouped" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
-    """The forward's row step (v4's and v5's) loading one vector past the row."""
-
-    def one_past(text):
-        return text.replace("if (active && v < nvec)", "if (active && v <= nvec)", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_forward.cu", one_past, (3, 7), "asan")
-    assert rc != 0 and OVERFLOW in out and "layernorm_forward" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_v5_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
-    """v5's prefetch of the next row copying one vector past its end: the
-    copy reads past x (on the host, when a wait lands it). At D = 1028
-    the 96 threads of a row cover more vectors than the row has."""
-
-    def one_past(text):
-        at = text.index("auto prefetch = ")
-        return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_backward.cu", one_past, (3, 1028),
-                          "asan")
-    assert rc != 0 and OVERFLOW in out and "layernorm_backward_grouped" in out, (
-        out[-4000:])
-
-
-@pytest.mark.slow
-def test_control_v5_wait_one_group_short_reads_a_slot_too_early(host, tmp_path):
-    """v5's row loop waiting for all but S copy groups instead of S - 1: the
-    row it then reads may still be in flight. On the host a copy lands only
-    when a wait lets its group go, so the slot holds what it held before (the
-    0xff the launch filled it with, or an earlier row) and the outputs differ
-    from the emulation."""
-
-    def one_short(text):
-        return text.replace("async_wait<S - 1>();  // row k's copies are done",
-                            "async_wait<S>();", 1)
-
-    src = modified_copy(tmp_path, kernels.COMMON_FILE, one_short)
-    rc, out = run(selftest(((3, 1028),), (), src, ("float32",)), (), src)
-    assert rc != 0 and "AssertionError" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_v5_forward_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
-    """The same for v5's forward (of long float16 rows), which prefetches x
-    alone: at D = 8200, 512 threads of 3 vectors cover more than the row's
-    1025."""
-
-    def one_past(text):
-        at = text.index("auto prefetch = ")
-        return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_forward.cu", one_past, (2, 8200), "asan",
-                          "float16")
-    assert rc != 0 and OVERFLOW in out and "layernorm_forward_grouped" in out, (
-        out[-4000:])
-
-
-@pytest.mark.slow
-def test_control_long_row_read_past_its_end_is_a_heap_overflow(host, tmp_path):
-    """The same for the long-row kernels: one vector past the last chunk."""
-
-    def one_past(text):
-        return text.replace("if (v < nvec) f(v);", "if (v <= nvec) f(v);", 1)
-
-    rc, out = run_control(tmp_path, kernels.LONG_FILE, one_past, (2, 8200), "asan")
-    assert rc != 0 and OVERFLOW in out and "layernorm_long" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_misaligned_vector_load(host):
+def test_control_misaligned_vector_load(gxx):
     rows, D = 4, 8
     p = kernels.plan(rows, D, F32)
     assert p.vec == 4
@@ -553,7 +503,7 @@ print("no error")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["block_of_48", "lane_returns_early"])
-def test_control_partial_warp_shuffle_aborts(host, tmp_path, how):
+def test_control_partial_warp_shuffle_aborts(gxx, tmp_path, how):
     if how == "block_of_48":  # warp 1 of the block has 16 lanes, and a row
         p = kernels.plan(2, 7, F32)
         assert not p.per_block

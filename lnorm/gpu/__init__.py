@@ -1,41 +1,20 @@
 r"""Fused layer-norm kernels in CUDA C: compiled and inspected anywhere, run on a GPU.
 
-The kernels are the ``*.cu`` files next to this module:
+The kernels are the ``*.cu`` files next to this module, C++ templates named
+``extern "C"`` one per line of the tables in ``layernorm_common.cu``:
+v4's forward and backward (a row per warp or per block, the row in registers
+in 16-byte vectors, both row sums by shuffles, ``dgamma``/``dbeta`` summed per
+row group and then in a fixed order, no atomics); v3's backward
+(``atomicAdd`` instead); v5's backward (a block's row groups add their column
+sums first, the next rows' loads in flight through shared memory) and its
+forward of long float16 rows; v4's kernels for rows longer than registers hold
+(``layernorm_long.cu``). Storage is float32 or float16, arithmetic float32.
 
-* ``layernorm_forward.cu``: v4's forward, a row per warp (short rows) or per
-  block, read once into registers in 16-byte vectors (scalars where ``D`` is
-  not a multiple of the vector), the corrected mean ``mean_hi + mean_lo`` and
-  the two-pass variance by shuffle reductions, ``y`` written once; and v5's
-  forward of long float16 rows, the next rows' loads in flight;
-* ``layernorm_backward.cu``: v4's backward, ``gamma`` in registers for a
-  strip of rows, ``xhat`` recomputed, both row sums in one shuffle pass,
-  ``dx`` written once, ``dgamma``/``dbeta`` summed per row group into a
-  ``(row_groups, D)`` buffer that a second kernel reduces in a fixed order;
-  v3 (``ln_bwd_atomic_*``) adds them with ``atomicAdd`` instead; v5
-  (``ln_bwd_grouped_*``) adds a block's groups' sums first and copies the
-  next rows into shared memory while it works on this one;
-* ``layernorm_long.cu``: v4 for rows longer than a block holds in registers
-  (``D > max_D()``), in chunks, read again for every pass.
-
-Storage is float32 or float16; arithmetic is always float32. The chapter "One kernel:
-fused layer norm on the GPU" derives and measures them.
-
-What works where:
-
-* everywhere (no GPU, no driver): :func:`lnorm.gpu.kernels.compile_ptx`
-  (NVRTC), :func:`lnorm.gpu.ptx.inspect_ptx`, :func:`lnorm.gpu.ptx.ptxas_usage`,
-  the launch plan :func:`lnorm.gpu.kernels.plan`, and the bit-faithful NumPy
-  emulation :func:`lnorm.gpu.emulate.forward` /
-  :func:`lnorm.gpu.emulate.backward`;
-* everywhere: the time model :mod:`lnorm.gpu.model` (bytes, and the latency
-  each row exposes) and the dry run of ``python -m lnorm.gpu.measure``;
-* with a CUDA device (:func:`lnorm.gpu.run.available` says so):
-  :class:`lnorm.gpu.run.FusedLayerNorm`, the op-by-op CuPy versions, timing
-  with CUDA events, and ``python -m lnorm.gpu.measure``, which checks and
-  times everything in one run and writes JSON.
-
-The tests also run the ``.cu`` files on the CPU with g++ (``tests/cuda_host``).
-
+Everywhere (no GPU): NVRTC to PTX (:func:`lnorm.gpu.kernels.compile_ptx`), the
+PTX read (:mod:`lnorm.gpu.ptx`), the plan (:func:`lnorm.gpu.kernels.plan`),
+the bit-faithful emulation (:mod:`lnorm.gpu.emulate`), the time model
+(:mod:`lnorm.gpu.model`) and the dry run of ``python -m lnorm.gpu.measure``.
+With a CUDA device: :class:`lnorm.gpu.run.FusedLayerNorm` and the measurement.
 Importing this package never imports CuPy.
 
 Examples

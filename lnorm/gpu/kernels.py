@@ -120,11 +120,6 @@ def source(filename: str) -> str:
 
     One string is what NVRTC compiles, with no include path.
 
-    Raises
-    ------
-    ValueError
-        ``filename`` is not one of :data:`KERNEL_FILES`.
-
     Examples
     --------
     >>> text = source("layernorm_forward.cu")
@@ -147,11 +142,6 @@ def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
     A kernel is written either directly (``extern "C" __global__ ...``) or by
     a macro ``#define M(SUFFIX, ...)`` declaring ``prefix##SUFFIX(...)``
     (or forwarding to one), expanded over a table ``LN_..._VARIANTS(M)``.
-
-    Returns
-    -------
-    dict of str to tuple of str
-        ``{kernel name: parameter names}``, the tables' kernels first.
 
     Examples
     --------
@@ -247,31 +237,6 @@ def compile_ptx(filename: str, arch: str = "sm_90") -> str:
     :data:`lnorm.gpu.kernels.COMPILE_OPTIONS`. Results are cached in the
     process, keyed by the source text, so a second call is free.
 
-    Parameters
-    ----------
-    filename : str
-        One of :data:`lnorm.gpu.kernels.KERNEL_FILES`.
-    arch : str, default "sm_90"
-        Target, as ``"sm_XY"``; the PTX is generated for ``compute_XY``.
-
-    Returns
-    -------
-    str
-        The PTX text.
-
-    Raises
-    ------
-    ValueError
-        If ``filename`` is not a kernel file or ``arch`` is not ``"sm_XY"``.
-    RuntimeError
-        If CuPy's NVRTC binding cannot be loaded, or compilation fails (the
-        NVRTC log is in the message).
-
-    See Also
-    --------
-    lnorm.gpu.ptx.inspect_ptx : Read the PTX: loads, stores, shuffles.
-    lnorm.gpu.kernels.compile_binary : The binary a GPU loads.
-
     Examples
     --------
     >>> ptx = compile_ptx("layernorm_forward.cu")
@@ -291,32 +256,6 @@ def compile_binary(filename: str, compute_capability: int) -> tuple[bytes, str]:
     ``cupy.RawModule(code=...)`` instead would append ``-ftz=true``, flushing
     subnormal numbers to zero, unlike NumPy.) NVRTC runs on the CPU: no GPU is
     needed to compile.
-
-    Parameters
-    ----------
-    filename : str
-        One of :data:`lnorm.gpu.kernels.KERNEL_FILES`.
-    compute_capability : int
-        The device's, e.g. 90 for an H100.
-
-    Returns
-    -------
-    binary : bytes
-        The compiled module.
-    kind : str
-        ``"cubin"``, or ``"ptx"`` for a device newer than this NVRTC: PTX for
-        the newest architecture NVRTC knows, which the driver compiles on
-        loading.
-
-    Raises
-    ------
-    RuntimeError
-        If NVRTC cannot be loaded, knows no architecture up to
-        ``compute_capability``, or fails to compile.
-
-    See Also
-    --------
-    lnorm.gpu.run.FusedLayerNorm : Loads the result on a GPU.
 
     Examples
     --------
@@ -409,12 +348,6 @@ class LaunchPlan:
         The row groups, the backward's grid and the partial rows follow. The
         kernels take any strip; ``dgamma``'s and ``dbeta``'s bits follow it,
         ``dx``'s do not.
-
-        Raises
-        ------
-        ValueError
-            ``rows_per_group`` below 1, or above ``LN_LONG_STRIP`` for v4's
-            long-row backward, which keeps a strip's row means in shared memory.
 
         Examples
         --------
@@ -586,11 +519,6 @@ class LaunchPlan:
     def kernel(self, direction: str) -> str:
         r"""Return the forward's or the backward's kernel, ``ln_{fwd|bwd}_...``.
 
-        Raises
-        ------
-        ValueError
-            ``direction`` is neither ``"forward"`` nor ``"backward"``.
-
         Examples
         --------
         >>> plan(64, 7, "float32").kernel("backward")
@@ -622,11 +550,6 @@ def max_D(rung: str = "v4") -> int:
     rows go to v4's long-row kernels, which read the row again for every
     pass. v5's kernels hold rows up to ``LN_LONG_ELEMS_PER_THREAD *
     LN_MAX_ROW_THREADS``. Past its limit a rung runs v4's kernels.
-
-    Raises
-    ------
-    ValueError
-        ``rung`` not in :data:`RUNGS`.
 
     Examples
     --------
@@ -818,40 +741,13 @@ def _check_param(p, name: str, D: int, dtype: np.dtype) -> None:
 
 def check_forward_args(x, gamma, beta, eps: float = 1e-5, *,
                        rung: str = "v4") -> LaunchPlan:
-    r"""Validate forward arguments (NumPy or CuPy arrays) and return the plan.
+    r"""Validate the forward's arguments (NumPy or CuPy arrays) and return their plan.
 
-    Every forward (the kernels, the emulation, the CPU-run CUDA source) calls
-    this first, so all of them accept and refuse the same arguments.
-
-    Parameters
-    ----------
-    x : array, shape (..., D), float32 or float16
-        The input; its leading axes are flattened into rows.
-    gamma, beta : array, shape (D,)
-        Scale and shift, of the dtype of ``x``.
-    eps : float, default 1e-5
-        Finite and > 0, as for :func:`lnorm.forward`, also once rounded to
-        float32.
-    rung : {"v4", "v3", "v5"}, default "v4"
-        Whose forward (:data:`lnorm.gpu.kernels.RUNGS`; v3's is v4's).
-
-    Returns
-    -------
-    LaunchPlan
-        :func:`lnorm.gpu.kernels.plan` of ``(prod(x.shape[:-1]), D, x.dtype,
-        rung)``.
-
-    Raises
-    ------
-    ValueError
-        Bad ``eps``, ``x`` of no axes, a shape that does not match, or a shape
-        :func:`lnorm.gpu.kernels.plan` refuses.
-    TypeError
-        A dtype other than float32 or float16, or dtypes that differ.
-
-    See Also
-    --------
-    lnorm.gpu.kernels.check_backward_args : The same for the backward.
+    Every forward (the kernels, the emulation, the CPU-run source) calls this
+    first, so all of them accept and refuse the same arguments: ``x`` of shape
+    ``(..., D)``, float32 or float16, ``gamma`` and ``beta`` of shape ``(D,)`` and
+    its dtype, ``eps`` finite and > 0 also as a float32. ``TypeError`` for a
+    dtype, ``ValueError`` for the rest, naming the argument.
 
     Examples
     --------
@@ -884,39 +780,10 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5, *,
 def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,
                         rung: str = "v4",
                         rows_per_group: int | None = None) -> LaunchPlan:
-    r"""Validate backward arguments and return the plan.
+    r"""Validate the backward's arguments and return their plan (and strip).
 
-    Parameters
-    ----------
-    dy, x : array, shape (..., D), float32 or float16
-        The upstream gradient and the forward's input, of one shape and dtype.
-    gamma : array, shape (D,)
-        The scale, of the dtype of ``x``.
-    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
-        The row statistics, as the forward returns them.
-    rung : {"v4", "v3", "v5"}, default "v4"
-        The backward kernel, as :func:`lnorm.gpu.kernels.plan` takes it.
-    rows_per_group : int, optional
-        The backward's strip, if not the plan's
-        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`).
-
-    Returns
-    -------
-    LaunchPlan
-        The plan of ``x`` for ``rung`` (with that strip).
-
-    Raises
-    ------
-    ValueError
-        A shape that does not match, or a shape or rung
-        :func:`lnorm.gpu.kernels.plan` refuses; ``rows_per_group`` below 1.
-    TypeError
-        A dtype other than float32 or float16, a dtype that does not match,
-        or statistics not float32.
-
-    See Also
-    --------
-    lnorm.gpu.kernels.check_forward_args : The same for the forward.
+    As :func:`check_forward_args`, and ``dy`` of the shape and dtype of ``x``,
+    the statistics float32 of shape ``x.shape[:-1]``.
 
     Examples
     --------

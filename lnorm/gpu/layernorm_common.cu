@@ -122,17 +122,6 @@ template <> struct Vec<float, 4> {
 };
 
 // Used for the float32 dgamma/dbeta partial sums of float16 rows.
-template <> struct Vec<float, 2> {
-    static __device__ __forceinline__ void load(const float* p, float* out) {
-        const float2 v = *reinterpret_cast<const float2*>(p);
-        out[0] = v.x; out[1] = v.y;
-    }
-    static __device__ __forceinline__ void store(float* p, const float* in) {
-        *reinterpret_cast<float2*>(p) = make_float2(in[0], in[1]);
-    }
-};
-
-// Used for the float32 dgamma/dbeta partial sums of float16 rows.
 template <> struct Vec<float, 8> {
     static __device__ __forceinline__ void load(const float* p, float* out) {
         Vec<float, 4>::load(p, out);
@@ -196,10 +185,9 @@ template <> struct Vec<half_bits, 1> {
     }
 };
 
-// Streaming variants of the loads and stores of the rows, for data read or
-// written once (x, dy, dx in v5's backward): the same instructions with the
-// .cs ("evict first") cache hint, so the rows do not push out of L2 what is
-// used again (gamma, the row statistics, the partial sums).
+// Streaming variants of the 16-byte loads and stores, for rows written once
+// (y, dx in v5): the same instructions with the .cs ("evict first") cache
+// hint, so the rows do not push out of L2 what is used again.
 template <typename T, int VEC> struct VecStream;
 
 template <> struct VecStream<float, 4> {
@@ -213,15 +201,6 @@ template <> struct VecStream<float, 4> {
     }
 };
 
-template <> struct VecStream<float, 1> {
-    static __device__ __forceinline__ void load(const float* p, float* out) {
-        out[0] = __ldcs(p);
-    }
-    static __device__ __forceinline__ void store(float* p, const float* in) {
-        __stcs(p, in[0]);
-    }
-};
-
 template <> struct VecStream<half_bits, 8> {
     static __device__ __forceinline__ void load(const half_bits* p,
                                                 float* out) {
@@ -230,17 +209,6 @@ template <> struct VecStream<half_bits, 8> {
     static __device__ __forceinline__ void store(half_bits* p,
                                                  const float* in) {
         __stcs(reinterpret_cast<uint4*>(p), pack_halves(in));
-    }
-};
-
-template <> struct VecStream<half_bits, 1> {
-    static __device__ __forceinline__ void load(const half_bits* p,
-                                                float* out) {
-        out[0] = half_to_float(__ldcs(p));
-    }
-    static __device__ __forceinline__ void store(half_bits* p,
-                                                 const float* in) {
-        __stcs(p, float_to_half(in[0]));
     }
 };
 

@@ -104,14 +104,6 @@ def _usage(filename: str, arch: str) -> dict:
 def kernel_usage(kernel: str, arch: str = "sm_90"):
     r"""Return ``ptxas -v``'s registers, spills and shared memory of one kernel.
 
-    Raises
-    ------
-    ValueError
-        ``kernel`` is no kernel of :data:`lnorm.gpu.kernels.KERNEL_FILES`.
-    RuntimeError
-        ``ptxas`` is not installed (``nvidia-cuda-nvcc-cu12``, pinned in
-        ``requirements.txt``).
-
     Examples
     --------
     >>> kernel_usage("ln_bwd_grouped_block_f32_v4").shared_bytes  # the hand-over
