@@ -477,7 +477,7 @@ def test_control_misaligned_vector_load(gxx):
     code = f"""
 import numpy as np
 from cuda_host import HostLayerNorm
-h = HostLayerNorm({flags!r})
+h = HostLayerNorm({flags!r}, kernels=({p.kernel("forward")!r},))
 with h.buffers() as new:
     x = new(({rows * D + 1},), np.float32, 1.0)[1:]  # 4 bytes past a 16-byte boundary
     assert x.ctypes.data % 16 == 4
@@ -488,7 +488,7 @@ with h.buffers() as new:
              (x, *params, *outs, np.int32({rows}), np.int32({D}), np.float32(1e-5)))
 print("no error")
 """
-    rc, out = run(code, flags)
+    rc, out = run(code, flags, needed=(p.kernel("forward"),))
     # "load of" or "reference binding to" misaligned address, by the optimization
     # level, at the line of Vec<float, 4>::load's one load
     source = (kernels.SOURCE_DIR / kernels.COMMON_FILE).read_text().splitlines()
@@ -510,7 +510,7 @@ def test_control_partial_warp_shuffle_aborts(gxx, tmp_path, how):
         code = f"""
 import numpy as np
 from cuda_host import HostLayerNorm
-h = HostLayerNorm()
+h = HostLayerNorm(kernels=({p.kernel("forward")!r},))
 with h.buffers() as new:
     args = [new((14,), np.float32, 1.0),
             *(new((7,), np.float32, 1.0) for _ in range(2)),
@@ -519,7 +519,7 @@ with h.buffers() as new:
              (*args, np.int32(2), np.int32(7), np.float32(1e-5)))
 print("no error")
 """
-        rc, out = run(code)
+        rc, out = run(code, needed=(p.kernel("forward"),))
         assert "warp 1 has 16 threads" in out, out[-4000:]
     else:  # lane 5 of every warp leaves before the first shuffle
 

@@ -7,7 +7,6 @@ tests that launch kernels skip with the reason lnorm.gpu.available() gives.
 """
 
 import functools
-import hashlib
 import json
 import re
 import subprocess
@@ -114,7 +113,6 @@ def test_constants_are_read_from_the_source():
         "LN_REDUCE_SLICES_WIDE",
         "LN_REDUCE_BATCH",
         "LN_FWD_ROWS_IN_FLIGHT",
-        "LN_FWD_THREADS_PER_SM",
         "LN_BWD_ROWS_IN_FLIGHT",
         "LN_BWD_WARP_ROWS_IN_FLIGHT_F32",
         "LN_BWD_WARP_ROWS_IN_FLIGHT_F16",
@@ -1682,23 +1680,11 @@ MEASURED = ("h100-2026-11-26.json", "h200-2026-11-26.json")
 #: The H100 file's own note: v5's strips at D <= 1024 changed after its run
 #: (its v5 backward there is not today's launch; the H200 file has today's).
 STALE_V5 = {"h100-2026-11-26.json": (768, 1024)}
-_DEMOTED = re.compile(r"(\t// demoted variable\n\t\.shared [^\n]*\n)+")
-
-
-def _digests(text: str) -> set[str]:
-    """The digest of one PTX entry as measure.ptx_digests makes it (branch labels
-    renumbered), and the same with NVRTC's declarations of shared variables that
-    only this kernel of its file uses (which NVRTC moves into the kernel, as
-    retiring the other kernels of a file did) put back where they were."""
-    text = re.sub(r"\$L__BB\d+_", "$L__BB_", text)
-    return {hashlib.sha256(t.encode()).hexdigest()
-            for t in (text, _DEMOTED.sub("\n", text))}
-
-
 @functools.cache
-def _ptx_now() -> dict[str, str]:
-    return {name: text for f in kernels.KERNEL_FILES
-            for name, text in ptx.entries(kernels.compile_ptx(f)).items()}
+def _ptx_now() -> dict[str, set[str]]:
+    """Each kernel's PTX digests (measure.ptx_digests): as printed, and canonical."""
+    raw, canon = measure.ptx_digests(), measure.ptx_digests(canonical=True)
+    return {name: {raw[name], canon[name]} for name in raw}
 
 
 def _kept_launches(entry: dict):
@@ -1745,6 +1731,7 @@ def test_timed_launches_keep_their_ptx_and_their_plan(name):
     labels and where a shared variable is declared): their timings stay true
     of this code. What was retired (v5's forward but at long float16 rows, the
     tails, the clusters) is history, in dev/JOURNAL.md."""
+    assert measure.kernels_measured(json.loads((DATA / name).read_text())) == "ptx"
     data = json.loads((DATA / name).read_text())
     stale = STALE_V5.get(name, ())
     if stale:
@@ -1758,11 +1745,10 @@ def test_timed_launches_keep_their_ptx_and_their_plan(name):
                                        direction)
             for k, kernel in today.items():
                 if k.startswith("kernel_"):
-                    assert data["ptx_sha256"][kernel] in _digests(_ptx_now()[kernel]), (
-                        kernel)
+                    assert data["ptx_sha256"][kernel] in _ptx_now()[kernel], kernel
                     checked.add(kernel)
     for kernel in ("ln_bwd_reduce_params", "ln_bwd_reduce_params_wide"):  # timed too
-        assert data["ptx_sha256"][kernel] in _digests(_ptx_now()[kernel]), kernel
+        assert data["ptx_sha256"][kernel] in _ptx_now()[kernel], kernel
         checked.add(kernel)
     # v3, v4 (register and long rows), v5's backward and its long float16 forward
     assert "ln_fwd_grouped_long_f16_v8" in checked

@@ -693,8 +693,10 @@ def plan(rows: int, D: int, dtype, rung: str = "v4") -> LaunchPlan:
                     rows_per_group=rows_per_group, backward_grid=0)
     if rung == "v4":
         return v4.with_strip(rows_per_group)
-    if D > max_D(rung) or (rung == "v5" and vec == 1):
-        note = (f"{rung} has no kernel for rows of {D} {dtype}: v4's kernels run")
+    mapping = "long" if D > max_D() else "block" if per_block else "warp"
+    own = f"ln_{BACKWARD_KERNELS[rung]}_{mapping}_{_STORAGE[dtype]}_v{vec}"
+    if D > max_D(rung) or own not in _kernels():  # the tables have none
+        note = f"{rung} has no kernel for rows of {D} {dtype}: v4's kernels run"
         return replace(v4, note=note).with_strip(rows_per_group)
     if rung == "v3":
         return replace(v4, rung="v3").with_strip(rows_per_group)

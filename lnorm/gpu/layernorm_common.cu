@@ -17,10 +17,8 @@
 #define LN_REDUCE_SLICES_WIDE 32 // the same, v5's reduction
 #define LN_REDUCE_BATCH 8        // v5's reduction: loads per thread in flight
 // v5: rows whose loads are in flight, the forward's and the backward's (a
-// block's row; a warp's row is short, so more of them), and the threads an
-// SM holds of v5's forward (its launch bounds)
+// block's row; a warp's row is short, so more of them)
 #define LN_FWD_ROWS_IN_FLIGHT 3
-#define LN_FWD_THREADS_PER_SM 1024
 #define LN_BWD_ROWS_IN_FLIGHT 2
 #define LN_BWD_WARP_ROWS_IN_FLIGHT_F32 3
 #define LN_BWD_WARP_ROWS_IN_FLIGHT_F16 4

@@ -154,16 +154,17 @@ def source_digest(files=KERNEL_FILES) -> str:
     return h.hexdigest()
 
 
-def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90") -> dict[str, str]:
+def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90",
+                canonical: bool = False) -> dict[str, str]:
     r"""Hash the PTX of every kernel, one digest per kernel: what the GPU ran.
 
     A source edit that leaves a kernel's compiled code alone (a comment, a
-    kernel added beside it) changes :func:`lnorm.gpu.measure.source_digest` but
-    not this digest, so a measurement stays attributed to the kernels it timed.
-    Branch labels, which NVRTC numbers by the kernel's place in its file, are
-    renumbered first. Needs only NVRTC (no GPU); its version is pinned in
-    ``requirements.txt``, and another version may print other PTX for the
-    same source.
+    kernel added or removed beside it) changes :func:`source_digest` but not
+    this digest. Branch labels, which NVRTC numbers by the kernel's place in
+    its file, are renumbered first; with ``canonical``, the declarations of
+    shared variables that NVRTC moves into a kernel when no other kernel of
+    its file uses them are put back where they were. Needs only NVRTC (pinned
+    in ``requirements.txt``; another version may print other PTX).
 
     Examples
     --------
@@ -174,15 +175,22 @@ def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90") -> dict[str, str]:
     out = {}
     for filename in files:
         for name, text in entries(compile_ptx(filename, arch)).items():
-            # Branch labels are numbered by the kernel's place in the module.
             text = re.sub(r"\$L__BB\d+_", "$L__BB_", text)
+            if canonical:
+                text = re.sub(r"(\t// demoted variable\n\t\.shared [^\n]*\n)+", "\n",
+                              text)
             out[name] = hashlib.sha256(text.encode()).hexdigest()
     return out
 
 
-
 def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
     r"""Say whether a measurement timed the kernels of this build.
+
+    ``"sources"``: the same sources; ``"ptx"``: every kernel of this build
+    that the measurement recorded compiles to the PTX it had (either digest
+    of :func:`ptx_digests`; kernels since retired are history and do not
+    count); ``"changed"`` otherwise. ``ptx_record`` gives the digests of an
+    older file that has none.
 
     Examples
     --------
@@ -196,11 +204,11 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
     >>> now = ptx_digests(files)
     >>> kernels_measured(old, {"source_sha256": "0" * 64, "ptx_sha256": now})
     'ptx'
-    >>> gone = {**now, "ln_fwd_retired": "0" * 64}  # a kernel since removed
+    >>> gone = {**now, "ln_fwd_retired": "0" * 64}  # a kernel since retired
     >>> kernels_measured({**old, "ptx_sha256": gone})
     'ptx'
-    >>> timed = [{"kernel_forward": "ln_fwd_retired"}]  # ... that was timed
-    >>> kernels_measured({**old, "ptx_sha256": gone, "launches": timed})
+    >>> edited = {**now, "ln_fwd_warp_f32_v4": "0" * 64}
+    >>> kernels_measured({**old, "ptx_sha256": edited})
     'changed'
     """
     files = data.get("source_files", REGISTER_FILES)
@@ -211,22 +219,11 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
         if ptx_record.get("source_sha256") == data["source_sha256"]:
             recorded = ptx_record["ptx_sha256"]
     if recorded:
-        now = ptx_digests(files)
-        launched = {name for entry in data.get("launches", ())
-                    for name in _launch_kernels(entry)}
-        # A kernel since removed counts only if the measurement timed it.
-        if all(now.get(name) == digest for name, digest in recorded.items()
-               if name in now or name in launched):
+        now, canon = ptx_digests(files), ptx_digests(files, canonical=True)
+        if all(digest in (now[name], canon[name])
+               for name, digest in recorded.items() if name in now):
             return "ptx"
     return "changed"
-
-
-def _launch_kernels(entry: dict) -> set[str]:
-    """The kernels one recorded launch names, of every rung."""
-    names = {v for k, v in entry.items() if k.startswith("kernel_")}
-    for rung in entry.get("rungs", {}).values():
-        names |= {v for k, v in rung.items() if k.startswith("kernel_")}
-    return names
 
 
 def plan_changed(data: dict) -> set[tuple]:
