@@ -97,13 +97,13 @@ def layernorm_case():
 
 
 @pytest.fixture(scope="session")
-def load_benchmark():
-    """Import a script of benchmarks/ by its name (the folder is no package)."""
+def load_dev():
+    """Import a script of dev/ by its name (the folder is no package)."""
     import importlib.util
     from pathlib import Path
 
     def load(name: str):
-        path = Path(__file__).parents[1] / "benchmarks" / f"{name}.py"
+        path = Path(__file__).parents[1] / "dev" / f"{name}.py"
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)

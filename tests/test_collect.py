@@ -1,4 +1,4 @@
-"""benchmarks/collect.py: a GPU session's output merged into one data file."""
+"""dev/collect.py: a GPU session's output merged into one data file."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ ROOT = Path(__file__).parents[1]
 
 
 @pytest.fixture(scope="module")
-def collect(load_benchmark):
-    return load_benchmark("collect")
+def collect(load_dev):
+    return load_dev("collect")
 
 
 HEAD = ('"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'

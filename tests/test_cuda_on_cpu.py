@@ -1,4 +1,4 @@
-"""The CUDA sources themselves, compiled by g++ and run on the CPU (lnorm.gpu.host).
+"""The CUDA sources themselves, compiled by g++ and run on the CPU (tests/cuda_host).
 
 The fast tests compare every kernel's output with lnorm.gpu.emulate bit for
 bit, launched exactly as FusedLayerNorm launches them on a GPU. The slow ones
@@ -12,55 +12,63 @@ from __future__ import annotations
 
 import re
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 
+import cuda_host as cpu
 import numpy as np
 import pytest
 
 from lnorm.gpu import check, emulate, kernels
-from lnorm.gpu import host as cpu
 
 pytestmark = pytest.mark.cuda_on_cpu
 
 F32, F16 = np.dtype(np.float32), np.dtype(np.float16)
-#: (rows, D): D of 1, 2, 7 (warp, scalar loads), 512 (warp, vector loads), 513,
-#: 1027, 4099 (block, scalar), 8192 (block, vector, the longest row held in
-#: registers), then rows taken in chunks: 12289 (scalar), 12288, 16384 and
-#: 65536 (vector). Rows leave a short last strip in the backward
-#: (rows % 16 != 0) and, for warps, a partly empty last block; few rows where
-#: a block has hundreds of threads, and 17 (a strip and a row) at 12288.
+#: (rows, D): D of 1, 2, 3, 7 (warp, scalar loads), 512 (warp, vector loads),
+#: 513, 1027, 4099 (block, scalar), 8192 (block, vector, the longest row held
+#: in registers), then rows taken in chunks: 12288 (vector), 12290 (float32
+#: vectors, float16 scalars), 65537 (scalar). Rows leave a short last strip in
+#: the backward (rows % 16 != 0) and, for warps, a partly empty last block;
+#: few rows where a block has hundreds of threads, and 17 (a strip and a row)
+#: at 12288.
 SHAPES = (
     (37, 1),
     (21, 2),
+    (19, 3),
     (40, 7),
     (19, 512),
     (18, 513),
     (17, 1027),
     (5, 4099),
     (3, 8192),
-    (3, 12289),
     (17, 12288),
-    (2, 16384),
-    (1, 65536),
+    (3, 12290),
+    (1, 65537),
 )
-#: The last, a long row whose second chunk is almost empty (8 elements).
-SANITIZED_SHAPES = ((18, 7), (5, 512), (3, 513), (2, 1027), (2, 8200))
-#: v5 at that long row: its second stage has 257 blocks of 1024 threads
-#: there, a quarter of a minute under ThreadSanitizer per dtype. Under ASan
-#: in float32 only (its float16 kernels are the same templates); not under
-#: TSan, whose races it would find in the code v5's register kernels share
-#: with it (the row loop, the prefetch, the row sums), sanitized above.
+#: Every kernel, under both sanitizers: warps of scalars (7) and of vectors
+#: (64), blocks of scalars (513) and vectors (520: v5's blocks, its wide
+#: second stage), long rows of vectors whose second chunk is almost empty
+#: (8200: v5's rows from shared memory) and of scalars (8201).
+SANITIZED_SHAPES = ((18, 7), (5, 64), (3, 513), (3, 520), (2, 8200), (2, 8201))
+#: v5 at 8200 under ThreadSanitizer: its second stage has 257 blocks of 1024
+#: threads there, a quarter of a minute per dtype; its row loop, prefetch and
+#: row sums are those ThreadSanitizer runs at 64 and 520, and
+#: AddressSanitizer runs it whole.
 SANITIZED_SKIP = {
-    "asan": ((8200, "float16", "v5"),),
+    "asan": (),
     "tsan": ((8200, "float32", "v5"), (8200, "float16", "v5")),
 }
 DIRTY = ("ERROR: AddressSanitizer", "runtime error", "WARNING: ThreadSanitizer")
 
 
 @pytest.fixture(scope="module")
-def host():
+def gxx():
     ok, why = cpu.available()
     if not ok:
         pytest.skip(f"cannot compile the CUDA sources for the CPU: {why}")
+
+
+@pytest.fixture(scope="module")
+def host(gxx):
     return cpu.HostLayerNorm()
 
 
@@ -100,30 +108,13 @@ ATOMIC_SHAPES = ((70, 7), (37, 512), (35, 1027), (33, 2048))
 #: v5, row groups sharing a block: warps (4 a block), blocks of 8, 5 (96
 #: threads a row, 480 a block), 2 and 1 group; a last block with empty groups,
 #: short last strips, strips of 32 and 64 rows (float16 at 4096 and 8192).
-#: Rows of a block of any D, a tail in the last vector: 1027 (float32; in
-#: float16 rows on 2 bytes every other row) and 1030 (both dtypes), whose
-#: rows start on 16, 12, 8 and 4 bytes in turn; 513, the shortest row of a
-#: block, its tail of one element.
-GROUPED_SHAPES = ((70, 7), (37, 512), (150, 768), (200, 1027), (40, 4096),
-                  (20, 8192), (3, 1024), (60, 1030), (9, 513))
+GROUPED_SHAPES = ((70, 64), (37, 512), (150, 768), (40, 4096), (20, 8192),
+                  (3, 1024), (60, 1032))
 #: v5's rows past registers (the row in shared memory), one dtype each to keep
 #: the CPU's time down (512 threads a row): float32 with a second chunk almost
 #: empty and a strip of one row after a full one; float16 at the longest row
-#: v5 takes, every vector of a thread used; float16 with a tail (9002: rows
-#: start on 16, 4, 8 and 12 bytes in turn).
-GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16), (5, 9002, F16))
-#: v5's rows past one block, held by a cluster of 2, 4 and 8 blocks, in both
-#: dtypes (every cluster kernel): at 20000 the third slice is partly filled
-#: and the fourth empty; 1024 to 4096 threads at once on the CPU. Then rows
-#: with a tail in their last slice, a cluster of each size in each dtype:
-#: float32's rows of a tail past max_D() (9001) go to a cluster of two, as
-#: float16's of odd D (9001, 20001, 65531: rows on 2 bytes every other row).
-CLUSTER_CASES = tuple((rows, D, dt) for rows, D in ((3, 16384), (2, 20000), (2, 65536))
-                      for dt in (F32, F16)) + (
-    (2, 32768, F16),  # float16 at 20000 takes the kernel of a tail: cluster4_f16_v8
-    (3, 9001, F32), (2, 20001, F32), (2, 65533, F32),
-    (3, 12290, F16), (2, 16390, F16), (2, 65530, F16),
-    (3, 9001, F16), (3, 20001, F16), (2, 65531, F16))
+#: v5 takes, every vector of a thread used.
+GROUPED_LONG_CASES = ((33, 8200, F32), (3, 12288, F16))
 
 
 def test_shapes_reach_every_kernel_variant():
@@ -143,10 +134,6 @@ def test_shapes_reach_every_kernel_variant():
         kernels.plan(rows, D, dt, "v5").kernel(direction)
         for rows, D, _ in GROUPED_LONG_CASES
         for dt in (F32, F16)  # the cases' one dtype each reach one variant
-        for direction in ("forward", "backward")
-    } | {
-        kernels.plan(rows, D, dt, "v5").kernel(direction)
-        for rows, D, dt in CLUSTER_CASES  # each run in its own dtype
         for direction in ("forward", "backward")
     }
     assert reached | {"ln_bwd_reduce_params", "ln_bwd_reduce_params_wide"} == names
@@ -196,11 +183,9 @@ def test_grouped_backward_v5_equals_emulation_bit_for_bit(host, rows, D, dtype):
     assert_same_bits(got, want, f"v5, rows={rows}, D={D}, {dtype}", nan_payload=False)
     with np.errstate(all="ignore"):
         v4 = check.forward_backward(emulate.forward, emulate.backward, inp)
-    # dx and the whole forward (v5's own kernel): v4's arithmetic, but for
-    # rows of any D, which v5 adds in the vector order where v4 reads scalars
-    if kernels.plan(rows, D, dtype, "v5").aligned:
-        for key in ("y", "mean_hi", "mean_lo", "rstd", "dx"):
-            assert got[key].tobytes() == v4[key].tobytes(), key
+    # dx and the whole forward (v5's own kernel too): v4's arithmetic
+    for key in ("y", "mean_hi", "mean_lo", "rstd", "dx"):
+        assert got[key].tobytes() == v4[key].tobytes(), key
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
@@ -233,7 +218,7 @@ def test_source_on_cpu_equals_emulation_bit_for_bit(host, rows, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", [F32, F16], ids=["f32", "f16"])
-@pytest.mark.parametrize("D", [7, 512, 1027, 12289])
+@pytest.mark.parametrize("D", [7, 512, 1027, 12290])
 def test_nan_inf_and_constant_rows(host, D, dtype):
     inp = check.make_inputs(21, D, dtype, seed=1)
     x, dy = inp["x"], inp["dy"]
@@ -319,83 +304,6 @@ def test_launch_checks_argument_kinds(host):
         host.launch("ln_bwd_reduce_params", (1,), (32, 8), (np.zeros(1), 1))
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("rows, D, dtype", [
-    pytest.param(rows, D, dt, id=f"{rows}-{D}-{dt}") for rows, D, dt in CLUSTER_CASES])
-def test_v5_clusters_equal_emulation_bit_for_bit(host, rows, D, dtype):
-    """The blocks of a cluster run at once, each with its own shared memory,
-    and hand their slices' sums over as on a GPU: the bits of the emulation's
-    order (each slice's tree, then the slices left to right), and the
-    cluster's partial rows of dgamma and dbeta."""
-    p = kernels.plan(rows, D, dtype, "v5")
-    assert p.cluster > 1
-    inp = check.make_inputs(rows, D, dtype, seed=D)
-    inp["x"][0] = 3  # constant: every slice's sums zero but the first pass's
-    inp["x"][-1, kernels.max_D() + 5] = np.nan  # in slice 1: the row turns NaN
-    # the backward kernel alone: the second stage, over rows this long most of
-    # the CPU's time, is test_second_stages_equal_emulation_bit_for_bit's
-    keys = ("y", "mean_hi", "mean_lo", "rstd", "dx", "dgamma_part", "dbeta_part")
-    x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
-    fwd = host.forward(x, g, b, rung="v5")
-    got = dict(zip(keys, (*fwd, *host.backward(dy, x, g, *fwd[1:], rung="v5",
-                                                 second_stage=False))))
-    with np.errstate(all="ignore"):
-        y, *stats = emulate.forward(x, g, b, rung="v5")
-        dx = emulate.backward(dy, x, g, *stats, rung="v5")[0]
-        parts = emulate.column_partials(dy, x, *stats, rung="v5")
-    want = dict(zip(keys, (y, *stats, dx, *parts)))
-    assert_same_bits(got, want, f"v5 clusters of {p.cluster}, rows={rows}, D={D}",
-                     nan_payload=False)
-    assert np.isnan(got["y"][-1]).all() and np.isfinite(got["y"][0]).all()
-    # The plan's strips of so few rows are of one row, a cluster each; one
-    # cluster's strip of every row as well, as more rows take it
-    assert p.rows_per_group == 1 < rows
-    got = dict(zip(keys[4:], host.backward(dy, x, g, *stats, rung="v5",
-                                           second_stage=False, rows_per_group=rows)))
-    with np.errstate(all="ignore"):
-        parts = emulate.column_partials(dy, x, *stats, rung="v5", rows_per_group=rows)
-    assert_same_bits(got, dict(zip(keys[4:], (dx, *parts))),
-                     f"one cluster's strip, rows={rows}, D={D}", nan_payload=False)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("D", [16390, 9001])
-def test_cluster_rows_in_flight_wrap_around_their_buffers(host, D):
-    """float16 clusters of a tail keep one more row in flight: strips longer
-    than their buffers, so that each buffer is used again (at 9001, rows on
-    2 bytes every other row: the words after the slots too). The plan's
-    strips at 7 rows are of one row (7 clusters, fewer than a wave): one
-    cluster takes the 7 rows here, forward and backward."""
-    rows, dtype = 7, F16
-    p = kernels.plan(rows, D, dtype, "v5")
-    depth = {d: p.rows_in_flight(d) for d in ("forward", "backward")}
-    assert p.cluster > 1 and p.any_d
-    assert depth == {"forward": 4, "backward": 3}
-    assert rows > max(depth.values())
-    inp = check.make_inputs(rows, D, dtype, seed=D)
-    x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
-    name, _, block, args = p.forward_launch(1e-5)
-    args = (*args[:3], np.int32(rows), args[4])  # rows_per_group: every row
-    lead = x.shape[:-1]
-    with host.buffers() as new:
-        ins = [new(a.shape, a.dtype, a) for a in (x, g, b)]
-        outs = [new(x.shape, x.dtype), *(new(lead, np.float32) for _ in range(3))]
-        host.launch(name, (p.cluster,), block, (*ins, *outs, *args),
-                    p.forward_shared_bytes)
-        got = [o.copy() for o in outs]
-    want = emulate.forward(x, g, b, rung="v5")
-    for k, gk, wk in zip(("y", "mean_hi", "mean_lo", "rstd"), got, want):
-        assert gk.tobytes() == wk.tobytes(), k
-    stats = want[1:]
-    got = host.backward(dy, x, g, *stats, rung="v5", second_stage=False,
-                        rows_per_group=rows)
-    want = (emulate.backward(dy, x, g, *stats, rung="v5")[0],
-            *emulate.column_partials(dy, x, *stats, rung="v5", rows_per_group=rows))
-    assert got[1].shape == (1, D)
-    for k, gk, wk in zip(("dx", "dgamma_part", "dbeta_part"), got, want):
-        assert gk.tobytes() == wk.tobytes(), k
-
-
 # ---- sanitizers and negative controls (slow) ----------------------------------------
 
 
@@ -404,30 +312,38 @@ def runtime_present(flags) -> bool:
     return preload.startswith("/")
 
 
-def run(code: str, flags=(), source_dir=None) -> tuple[int, str]:
+def run(code, flags=(), source_dir=None, needed=None) -> tuple[int, str]:
+    """Run ``code`` in a child with the library of ``flags``; ``code`` may be
+    ``(code, kernels)`` as :func:`selftest` makes it: only those are compiled."""
+    if isinstance(code, tuple):
+        code, needed = code
     flags = tuple(flags)
     if flags and not runtime_present(flags):
         pytest.skip(f"no sanitizer runtime for {flags}")
     try:
-        done = cpu.run_in_subprocess(code, flags, source_dir, timeout=300)
+        done = cpu.run_in_subprocess(code, flags, source_dir, needed, timeout=300)
     except RuntimeError as exc:  # g++ without sanitizer support
         pytest.skip(f"cannot build with {flags}: {exc}")
     return done.returncode, done.stdout + done.stderr
 
 
 def selftest(shapes, flags, source_dir=None, dtypes=("float32", "float16"),
-             skip=()) -> str:
-    """Code that runs lnorm.gpu.host.selftest, except ``(D, dtype, rung)`` in
-    ``skip``."""
+             skip=(), rungs=None) -> tuple[str, tuple]:
+    """Code that runs cuda_host.selftest (of ``rungs``, default every rung with
+    kernels of its own), except ``(D, dtype, rung)`` in ``skip``, and the
+    kernels it launches (the library's, built once)."""
     src = None if source_dir is None else str(source_dir)
-    calls = []
+    calls, needed = [], set()
     for rows, D in shapes:
         for dtype in dtypes:
-            rungs = tuple(r for r in kernels.rungs_for(D, dtype)
-                          if (D, dtype, r) not in skip)
+            here = tuple(r for r in kernels.rungs_for(D, dtype)
+                         if (D, dtype, r) not in skip and (rungs is None or r in rungs))
+            needed |= set(cpu.kernels_for(((rows, D),), (dtype,), here))
             calls.append(f"selftest({((rows, D),)!r}, {(dtype,)!r}, "
-                         f"{tuple(flags)!r}, {src!r}, {rungs!r})")
-    return "from lnorm.gpu.host import selftest\n" + "\n".join(calls)
+                         f"{tuple(flags)!r}, {src!r}, {here!r}, KERNELS)")
+    needed = tuple(sorted(needed))
+    code = f"from cuda_host import selftest\nKERNELS = {needed!r}\n" + "\n".join(calls)
+    return code, needed
 
 
 def modified_copy(tmp_path, filename: str, edit) -> str:
@@ -444,240 +360,124 @@ def modified_copy(tmp_path, filename: str, edit) -> str:
     return str(tmp_path)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("kind", ["asan", "tsan"])
-def test_sanitizers_find_nothing(host, kind):
-    flags = cpu.SANITIZE[kind]
-    rc, out = run(selftest(SANITIZED_SHAPES, flags, skip=SANITIZED_SKIP[kind]), flags)
-    assert rc == 0 and out.count("selftest passed") == 2 * len(SANITIZED_SHAPES), (
-        out[-4000:])
-    assert not [d for d in DIRTY if d in out], out[-4000:]
-
-
-#: v5's kernels of a tail under AddressSanitizer, both passes: past one
-#: block's registers, a block's (float16) and a cluster of two's (float32);
-#: float16 rows of odd D, the last of them on 4 bytes (its last half copied
-#: as 2 bytes of 4), of a block and of a cluster of two.
-TAILS_SANITIZED = ((2, 9002, "float16"), (2, 12289, "float32"),
-                   (3, 1031, "float16"), (3, 9001, "float16"))
-
-
-@pytest.mark.slow
-def test_tails_under_address_sanitizer(host):
-    flags = cpu.SANITIZE["asan"]
-    code = "from lnorm.gpu.host import selftest\n" + "\n".join(
-        f"selftest({((rows, D),)!r}, {(dtype,)!r}, {tuple(flags)!r}, None, ('v5',))"
-        for rows, D, dtype in TAILS_SANITIZED)
-    for rows, D, dtype in TAILS_SANITIZED:
-        assert not kernels.plan(rows, D, dtype, "v5").aligned
-    rc, out = run(code, flags)
-    assert rc == 0 and out.count("selftest passed") == len(TAILS_SANITIZED), (
-        out[-4000:])
-    assert not [d for d in DIRTY if d in out], out[-4000:]
-
-
-#: v5's clusters under ThreadSanitizer: the forward at (3, 16384) (a cluster
-#: of 2: 1024 threads at once) and the backward's cluster kernel alone (its
-#: second stage is the one sanitized above), each against the emulation; the
-#: backward as one cluster over the three rows, so that it loads the next row
-#: while it works on one and uses a buffer again (the plan's strips of so few
-#: rows are of one row).
-CLUSTER_SANITIZED = """
-import numpy as np
-from lnorm.gpu import check, emulate
-from lnorm.gpu.host import HostLayerNorm
-host = HostLayerNorm({flags!r}, {src!r})
-inp = check.make_inputs(3, 16384, "float32", seed=5)
-x, dy, g, b = (inp[k] for k in ("x", "dy", "gamma", "beta"))
-got = host.forward(x, g, b, rung="v5")
-want = emulate.forward(x, g, b, rung="v5")
-assert all(a.tobytes() == w.tobytes() for a, w in zip(got, want)), "forward"
-got = host.backward(dy, x, g, *want[1:], rung="v5", second_stage=False,
-                    rows_per_group=3)
-want = (emulate.backward(dy, x, g, *want[1:], rung="v5")[0],
-        *emulate.column_partials(dy, x, *want[1:], rung="v5", rows_per_group=3))
-assert got[1].shape == (1, 16384)
-assert all(a.tobytes() == w.tobytes() for a, w in zip(got, want)), "backward"
-print("clusters ok")
-"""
-
-
-@pytest.mark.slow
-def test_clusters_under_thread_sanitizer(host):
-    flags = cpu.SANITIZE["tsan"]
-    rc, out = run(CLUSTER_SANITIZED.format(flags=tuple(flags), src=None), flags)
-    assert rc == 0 and "clusters ok" in out, out[-4000:]
-    assert not [d for d in DIRTY if d in out], out[-4000:]
-
-
-#: Edits of cluster_sum that ThreadSanitizer must catch as races on the slots.
-#: A block's barrier in place of the cluster's: a block reads its slots while
-#: another block of its cluster may still be writing them. One set of slots
-#: (no alternation): a block writes the next sum into a slot that a slower
-#: block may still be reading (the GPU chapter's exercise on the slots).
-CLUSTER_CONTROLS = {
-    "block_barrier": ("    cluster_sync();\n    V total = slots[0];",
-                      "    __syncthreads();\n    V total = slots[0];"),
-    "one_set_of_slots": ("    parity ^= 1;\n    return total;", "    return total;"),
-}
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("what", sorted(CLUSTER_CONTROLS))
-def test_control_cluster_sum_edits_are_data_races(host, tmp_path, what):
-    old, new = CLUSTER_CONTROLS[what]
-    src = modified_copy(tmp_path, kernels.COMMON_FILE,
-                        lambda text: text.replace(old, new, 1))
-    flags = cpu.SANITIZE["tsan"]
-    rc, out = run(CLUSTER_SANITIZED.format(flags=tuple(flags), src=src), flags, src)
-    assert rc != 0 and RACE in out and "cluster_sum" in out, out[-4000:]
+def test_sanitized_shapes_reach_every_kernel():
+    names = {n for f in kernels.KERNEL_FILES for n in kernels.kernel_params(f)}
+    assert set(selftest(SANITIZED_SHAPES, ())[1]) == names
+    tsan = selftest(SANITIZED_SHAPES, (), skip=SANITIZED_SKIP["tsan"])[1]
+    assert names - set(tsan) == {"ln_bwd_grouped_long_f32_v4",
+                                 "ln_bwd_grouped_long_f16_v8",
+                                 "ln_fwd_grouped_long_f16_v8"}
 
 
 RACE = "WARNING: ThreadSanitizer: data race"
 OVERFLOW = "ERROR: AddressSanitizer: heap-buffer-overflow"
 
 
-def run_control(tmp_path, filename: str, edit, shape, kind: str) -> tuple[int, str]:
-    """The float32 selftest at ``shape`` on ``filename`` passed through ``edit``,
-    built with the ``kind`` sanitizer."""
-    src = modified_copy(tmp_path, filename, edit)
-    flags = cpu.SANITIZE[kind]
-    return run(selftest((shape,), flags, src, ("float32",)), flags, src)
+def _drop_first_block_barrier(text):  # between parking the warp sums and reading them
+    at = text.index("block_sum(V v")
+    return text[:at] + text[at:].replace("__syncthreads();", "", 1)
+
+
+def _prefetch_one_past(text):
+    at = text.index("auto prefetch = ")
+    return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
+
+
+#: The negative controls: an edit of one file that a check must catch, the
+#: selftest that runs it (shape, dtype, rungs), the sanitizer ("" for none)
+#: and what the output must say. Each proves that its check can fail.
+CONTROLS = {
+    # a missing barrier in a block's row sum: a data race
+    "missing_barrier": (kernels.COMMON_FILE, _drop_first_block_barrier,
+                        (2, 513), "float32", ("v4",), "tsan", (RACE, "block_sum")),
+    # the long-row backward without the barrier before its second pass reads
+    # the strip's row means while thread 0 may still be writing them
+    "long_row_missing_barrier": (
+        kernels.LONG_FILE,
+        lambda t: t.replace("    __syncthreads();  // every row's means", "    //", 1),
+        (2, 8200), "float32", ("v4",), "tsan", (RACE, "layernorm_backward_long")),
+    # v3 with a plain += for atomicAdd: the warps of a block (three row groups
+    # at 40 x 7) add into the same dgamma words at once
+    "plain_add_in_v3": (
+        "layernorm_backward.cu",
+        lambda t: t.replace("atomicAdd(dgamma_part + v * VEC + c,\n"
+                            "                              dgamma_acc[i * VEC + c]);",
+                            "dgamma_part[v * VEC + c] += dgamma_acc[i * VEC + c];", 1),
+        (40, 7), "float32", ("v3",), "tsan", (RACE, "layernorm_backward")),
+    # v5 without the barrier between a group writing its column sums to shared
+    # memory and group 0 reading them
+    "v5_hand_over_without_barrier": (
+        "layernorm_backward.cu",
+        lambda t: t.replace("            __syncthreads();\n            if (p == 0) {",
+                            "            if (p == 0) {", 1),
+        (70, 64), "float32", ("v5",), "tsan", (RACE, "layernorm_backward_grouped")),
+    # the forward's row step loading one vector past the row
+    "load_past_the_row": (
+        "layernorm_forward.cu",
+        lambda t: t.replace("if (active && v < nvec)", "if (active && v <= nvec)", 1),
+        (3, 7), "float32", ("v4",), "asan", (OVERFLOW, "layernorm_forward")),
+    # v5's prefetch copying one vector past the row (read when a wait lands
+    # it): at 1028 the 96 threads of a row cover more vectors than it has
+    "v5_prefetch_past_the_row": (
+        "layernorm_backward.cu", _prefetch_one_past, (3, 1028), "float32", ("v5",),
+        "asan", (OVERFLOW, "layernorm_backward_grouped")),
+    # the same for v5's forward of long float16 rows: at 8200, 512 threads of
+    # 3 vectors cover more than the row's 1025
+    "v5_forward_prefetch_past_the_row": (
+        "layernorm_forward.cu", _prefetch_one_past, (2, 8200), "float16", ("v5",),
+        "asan", (OVERFLOW, "layernorm_forward_grouped")),
+    # the long-row kernels reading one vector past the last chunk
+    "long_row_read_past_its_end": (
+        kernels.LONG_FILE,
+        lambda t: t.replace("if (v < nvec) f(v);", "if (v <= nvec) f(v);", 1),
+        (2, 8200), "float32", ("v4",), "asan", (OVERFLOW, "layernorm_long")),
+    # v5's row loop waiting for all but S copy groups instead of S - 1: the
+    # row it reads may still be in flight. On the host a copy lands only when
+    # a wait lets its group go, so the slot holds its old bytes (the launch's
+    # 0xff, or an earlier row) and the outputs differ from the emulation.
+    "v5_wait_one_group_short": (
+        kernels.COMMON_FILE,
+        lambda t: t.replace("async_wait<S - 1>();  // row k's copies are done",
+                            "async_wait<S>();", 1),
+        (3, 1028), "float32", ("v5",), "", ("AssertionError",)),
+}
 
 
 @pytest.mark.slow
-def test_control_missing_barrier_is_a_data_race(host, tmp_path):
-    def drop_first_barrier(
-        text,
-    ):  # the one between parking the warp sums and reading them
-        at = text.index("block_sum(V v")
-        return text[:at] + text[at:].replace("__syncthreads();", "", 1)
-
-    rc, out = run_control(
-        tmp_path, kernels.COMMON_FILE, drop_first_barrier, (2, 513), "tsan"
-    )
-    assert rc != 0 and RACE in out and "block_sum" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_long_row_missing_barrier_is_a_data_race(host, tmp_path):
-    """Without the barrier before its second pass, the long-row backward reads
-    the strip's last row means while thread 0 may still be writing them."""
-
-    def drop_barrier(text):
-        return text.replace("    __syncthreads();  // every row's means", "    //", 1)
-
-    rc, out = run_control(tmp_path, kernels.LONG_FILE, drop_barrier, (2, 8200), "tsan")
-    assert rc != 0 and RACE in out and "layernorm_backward_long" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_plain_add_in_v3_is_a_data_race(host, tmp_path):
-    """v3 with a plain += where it has atomicAdd: the warps of a block, three
-    row groups at (40, 7), add into the same dgamma words at once."""
-
-    def plain_add(text):
-        return text.replace(
-            "atomicAdd(dgamma_part + v * VEC + c,\n"
-            "                              dgamma_acc[i * VEC + c]);",
-            "dgamma_part[v * VEC + c] += dgamma_acc[i * VEC + c];", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_backward.cu", plain_add, (40, 7), "tsan")
-    assert rc != 0 and RACE in out and "layernorm_backward" in out, out[-4000:]
+def test_sanitizers_find_nothing_and_every_control_fails(gxx, tmp_path):
+    """Both sanitizers at SANITIZED_SHAPES, clean; then every control of
+    CONTROLS, caught. Two at a time (AddressSanitizer beside ThreadSanitizer):
+    each builds only the kernels its selftest launches."""
+    jobs = {kind: (selftest(SANITIZED_SHAPES, cpu.SANITIZE[kind],
+                            skip=SANITIZED_SKIP[kind]), cpu.SANITIZE[kind], None)
+            for kind in ("asan", "tsan")}
+    for name, (filename, edit, shape, dtype, rungs, kind, _) in CONTROLS.items():
+        (tmp_path / name).mkdir()
+        src = modified_copy(tmp_path / name, filename, edit)
+        flags = cpu.SANITIZE[kind] if kind else ()
+        jobs[name] = (selftest((shape,), flags, src, (dtype,), rungs=rungs), flags, src)
+    with ThreadPoolExecutor(2) as pool:
+        done = dict(zip(jobs, pool.map(lambda job: run(*job), jobs.values())))
+    for kind in ("asan", "tsan"):
+        rc, out = done[kind]
+        assert rc == 0 and out.count("selftest passed") == 2 * len(
+            SANITIZED_SHAPES), out[-4000:]
+        assert not [d for d in DIRTY if d in out], out[-4000:]
+    for name, (*_, expected) in CONTROLS.items():
+        rc, out = done[name]
+        assert rc != 0 and all(e in out for e in expected), (name, out[-4000:])
 
 
 @pytest.mark.slow
-def test_control_v5_hand_over_without_barrier_is_a_data_race(host, tmp_path):
-    """v5 without the barrier between a group writing its column sums to
-    shared memory and group 0 reading them."""
-
-    def drop_barrier(text):
-        hand_over = "            __syncthreads();\n            if (p == 0) {"
-        return text.replace(hand_over, "            if (p == 0) {", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_backward.cu", drop_barrier, (70, 7),
-                          "tsan")
-    assert rc != 0 and RACE in out and "layernorm_backward_grouped" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_load_past_the_row_is_a_heap_overflow(host, tmp_path):
-    """The forward's row step (v4's and v5's) loading one vector past the row."""
-
-    def one_past(text):
-        return text.replace("if (active && v < nvec)", "if (active && v <= nvec)", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_forward.cu", one_past, (3, 7), "asan")
-    assert rc != 0 and OVERFLOW in out and "layernorm_forward" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_v5_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
-    """v5's prefetch of the next row copying one vector past its end: the
-    copy reads past x (on the host, when a wait lands it). At D = 1028
-    the 96 threads of a row cover more vectors than the row has."""
-
-    def one_past(text):
-        at = text.index("auto prefetch = ")
-        return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_backward.cu", one_past, (3, 1028),
-                          "asan")
-    assert rc != 0 and OVERFLOW in out and "layernorm_backward_grouped" in out, (
-        out[-4000:])
-
-
-@pytest.mark.slow
-def test_control_v5_wait_one_group_short_reads_a_slot_too_early(host, tmp_path):
-    """v5's row loop waiting for all but S copy groups instead of S - 1: the
-    row it then reads may still be in flight. On the host a copy lands only
-    when a wait lets its group go, so the slot holds what it held before (the
-    0xff the launch filled it with, or an earlier row) and the outputs differ
-    from the emulation."""
-
-    def one_short(text):
-        return text.replace("async_wait<S - 1>();  // row k's copies are done",
-                            "async_wait<S>();", 1)
-
-    src = modified_copy(tmp_path, kernels.COMMON_FILE, one_short)
-    rc, out = run(selftest(((3, 1030),), (), src, ("float32",)), (), src)
-    assert rc != 0 and "AssertionError" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_v5_forward_prefetch_past_the_row_is_a_heap_overflow(host, tmp_path):
-    """The same for v5's forward, which prefetches x alone."""
-
-    def one_past(text):
-        at = text.index("auto prefetch = ")
-        return text[:at] + text[at:].replace("if (v < nvec)", "if (v <= nvec)", 1)
-
-    rc, out = run_control(tmp_path, "layernorm_forward.cu", one_past, (3, 1028), "asan")
-    assert rc != 0 and OVERFLOW in out and "layernorm_forward_grouped" in out, (
-        out[-4000:])
-
-
-@pytest.mark.slow
-def test_control_long_row_read_past_its_end_is_a_heap_overflow(host, tmp_path):
-    """The same for the long-row kernels: one vector past the last chunk."""
-
-    def one_past(text):
-        return text.replace("if (v < nvec) f(v);", "if (v <= nvec) f(v);", 1)
-
-    rc, out = run_control(tmp_path, kernels.LONG_FILE, one_past, (2, 8200), "asan")
-    assert rc != 0 and OVERFLOW in out and "layernorm_long" in out, out[-4000:]
-
-
-@pytest.mark.slow
-def test_control_misaligned_vector_load(host):
+def test_control_misaligned_vector_load(gxx):
     rows, D = 4, 8
     p = kernels.plan(rows, D, F32)
     assert p.vec == 4
     flags = cpu.SANITIZE["asan"]
     code = f"""
 import numpy as np
-from lnorm.gpu.host import HostLayerNorm
-h = HostLayerNorm({flags!r})
+from cuda_host import HostLayerNorm
+h = HostLayerNorm({flags!r}, kernels=({p.kernel("forward")!r},))
 with h.buffers() as new:
     x = new(({rows * D + 1},), np.float32, 1.0)[1:]  # 4 bytes past a 16-byte boundary
     assert x.ctypes.data % 16 == 4
@@ -688,7 +488,7 @@ with h.buffers() as new:
              (x, *params, *outs, np.int32({rows}), np.int32({D}), np.float32(1e-5)))
 print("no error")
 """
-    rc, out = run(code, flags)
+    rc, out = run(code, flags, needed=(p.kernel("forward"),))
     # "load of" or "reference binding to" misaligned address, by the optimization
     # level, at the line of Vec<float, 4>::load's one load
     source = (kernels.SOURCE_DIR / kernels.COMMON_FILE).read_text().splitlines()
@@ -703,14 +503,14 @@ print("no error")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["block_of_48", "lane_returns_early"])
-def test_control_partial_warp_shuffle_aborts(host, tmp_path, how):
+def test_control_partial_warp_shuffle_aborts(gxx, tmp_path, how):
     if how == "block_of_48":  # warp 1 of the block has 16 lanes, and a row
         p = kernels.plan(2, 7, F32)
         assert not p.per_block
         code = f"""
 import numpy as np
-from lnorm.gpu.host import HostLayerNorm
-h = HostLayerNorm()
+from cuda_host import HostLayerNorm
+h = HostLayerNorm(kernels=({p.kernel("forward")!r},))
 with h.buffers() as new:
     args = [new((14,), np.float32, 1.0),
             *(new((7,), np.float32, 1.0) for _ in range(2)),
@@ -719,7 +519,7 @@ with h.buffers() as new:
              (*args, np.int32(2), np.int32(7), np.float32(1e-5)))
 print("no error")
 """
-        rc, out = run(code)
+        rc, out = run(code, needed=(p.kernel("forward"),))
         assert "warp 1 has 16 threads" in out, out[-4000:]
     else:  # lane 5 of every warp leaves before the first shuffle
 

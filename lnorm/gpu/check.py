@@ -26,10 +26,10 @@ from ..core import backward as core_backward
 from ..core import forward as core_forward
 from ..gradcheck import compare_gradients
 from ..inputs import make_inputs as draw_inputs
-from .kernels import LaunchPlan, constants, plan
+from .kernels import LaunchPlan, plan
 
 __all__ = [
-    "SHAPES", "CLUSTER_SHAPES", "make_inputs", "forward_backward", "reference",
+    "SHAPES", "make_inputs", "forward_backward", "reference",
     "relative_errors",
     "summation_depth", "error_bounds", "order_bound", "atomic_check", "offset_errors",
 ]
@@ -43,49 +43,13 @@ SHAPES = (
     (64, 7), (300, 512), (100, 513), (50, 1027), (40, 4099), (24, 8192), (5000, 64),
     (20, 12288), (6, 12289),
 )
-#: ``(rows, D)`` past :func:`lnorm.gpu.kernels.max_D_block`, where v5's rows
-#: go to clusters of 2, 4 and 8 blocks (v4's to its long-row kernels): every
-#: slice full (16384, 32768, 65536), and at 20000 a third slice partly filled
-#: and a fourth empty (float16: the kernel of a tail, for its row more in
-#: flight); then the same clusters with a tail in the last slice, in float32
-#: and float16: rows that start on 4 bytes (12290, 20002, 65530) and float16
-#: rows that start on 2 bytes every other row (12291, 20001, 65531). So few
-#: rows take backward strips of one row, a cluster each (fewer clusters than
-#: a wave); the last three shapes have enough rows for strips of four and
-#: five rows in clusters of 2, 4 and 8, longer than the rows in flight.
-CLUSTER_SHAPES = ((3, 16384), (2, 20000), (2, 32768), (2, 65536), (3, 12290),
-                  (2, 20002), (2, 65530), (3, 12291), (2, 20001), (2, 65531),
-                  (200, 16384), (100, 32768), (66, 65536))
-
-
 def _host(a) -> np.ndarray:
     """A NumPy array; CuPy arrays are copied from the device."""
     return a.get() if hasattr(a, "get") else np.asarray(a)
 
 
 def make_inputs(rows: int, D: int, dtype, seed: int = 0) -> dict[str, np.ndarray]:
-    r"""Make seeded test inputs of shape ``(rows, D)``, keyed by name.
-
-    :func:`lnorm.inputs.make_inputs` of shape ``(rows, D)``, as a dict.
-
-    Parameters
-    ----------
-    rows, D : int
-        Number of rows and row length.
-    dtype : dtype-like
-        Storage type of every array, e.g. ``"float32"`` or ``"float16"``.
-    seed : int, default 0
-        Seed of the random generator: equal seeds give equal inputs.
-
-    Returns
-    -------
-    dict of str to ndarray
-        ``x`` and ``dy`` of shape ``(rows, D)``, ``gamma`` and ``beta`` of
-        shape ``(D,)``, all in ``dtype``.
-
-    See Also
-    --------
-    lnorm.gpu.check.forward_backward : Runs an implementation on them.
+    r"""Seeded inputs ``x``, ``gamma``, ``beta``, ``dy`` for ``(rows, D)``, as a dict.
 
     Examples
     --------
@@ -102,32 +66,6 @@ def make_inputs(rows: int, D: int, dtype, seed: int = 0) -> dict[str, np.ndarray
 def forward_backward(forward, backward, inputs: dict,
                      rung: str = "v4") -> dict[str, np.ndarray]:
     r"""Run ``forward`` then ``backward`` on ``inputs``; every result on the host.
-
-    Parameters
-    ----------
-    forward : callable
-        ``forward(x, gamma, beta) -> (y, mean_hi, mean_lo, rstd)``, e.g.
-        :func:`lnorm.gpu.emulate.forward` or ``FusedLayerNorm().forward``.
-    backward : callable
-        ``backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> (dx, dgamma,
-        dbeta)``.
-    inputs : dict
-        ``x``, ``gamma``, ``beta``, ``dy`` (NumPy or CuPy arrays), as
-        :func:`lnorm.gpu.check.make_inputs` makes them.
-    rung : {"v4", "v3", "v5"}, default "v4"
-        Passed to ``backward`` as ``rung=`` unless it is the default (the
-        op-by-op backward takes no rung), and to ``forward`` for v5, whose
-        forward is a kernel of its own.
-
-    Returns
-    -------
-    dict of str to ndarray
-        ``y``, ``mean_hi``, ``mean_lo``, ``rstd``, ``dx``, ``dgamma``,
-        ``dbeta`` as NumPy arrays (CuPy results are copied to the host).
-
-    See Also
-    --------
-    lnorm.gpu.check.reference : The float64 answer to compare with.
 
     Examples
     --------
@@ -156,23 +94,6 @@ def reference(
     stored inputs are converted to float64 exactly, so this is the answer for
     the very numbers the kernel read, with errors of order 1e-16.
 
-    Parameters
-    ----------
-    inputs : dict of str to ndarray
-        ``x``, ``gamma``, ``beta``, ``dy``, as
-        :func:`lnorm.gpu.check.make_inputs` makes them.
-    eps : float, default 1e-5
-        Added to the variance.
-
-    Returns
-    -------
-    dict of str to ndarray
-        ``y``, ``dx``, ``dgamma``, ``dbeta``, float64.
-
-    See Also
-    --------
-    lnorm.gpu.check.relative_errors : Compares a result with this.
-
     Examples
     --------
     >>> ref = reference(make_inputs(4, 8, "float16"))
@@ -191,23 +112,6 @@ def relative_errors(result: dict, ref: dict) -> dict[str, float]:
     ``rel = max_i |a_i - r_i| / max(max_i |a_i|, max_i |r_i|)`` with
     ``a = result[key]`` and ``r = ref[key]``: the measure of
     :func:`lnorm.gradcheck.compare_gradients`.
-
-    Parameters
-    ----------
-    result : dict
-        Arrays by name, NumPy or CuPy (CuPy ones are copied to the host); it
-        may hold more keys than ``ref``.
-    ref : dict of str to ndarray
-        The reference, e.g. from :func:`lnorm.gpu.check.reference`.
-
-    Returns
-    -------
-    dict of str to float
-        ``{key: rel}`` for every key of ``ref``.
-
-    See Also
-    --------
-    lnorm.gpu.check.error_bounds : What float32 kernels may reach.
 
     Examples
     --------
@@ -229,24 +133,7 @@ def summation_depth(p: LaunchPlan) -> int:
     sequence, then a warp's 32 partial sums meet in 5 shuffle rounds, and a
     block's warps in 5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)`` for
     the kernels that hold the row in registers; ``chunks`` times as many
-    elements per thread for the long-row kernels; for v5's clusters of
-    ``C`` blocks, a slice's depth (``LN_ELEMS_PER_THREAD + 10``) and the
-    ``C - 1`` additions of the slices' sums.
-
-    Parameters
-    ----------
-    p : LaunchPlan
-        The plan whose sums are counted (:func:`lnorm.gpu.kernels.plan`).
-
-    Returns
-    -------
-    int
-        ``k``: the rounding errors one row sum can accumulate.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.row_sum : The sum whose depth this is.
-    lnorm.gpu.check.error_bounds : The bounds that grow with ``k``.
+    elements per thread for the long-row kernels.
 
     Examples
     --------
@@ -257,12 +144,8 @@ def summation_depth(p: LaunchPlan) -> int:
     26
     >>> summation_depth(plan(1, 12288, np.float32))  # 24 a thread (2 chunks), 5 + 5
     34
-    >>> summation_depth(plan(1, 65536, np.float32, "v5"))  # 8 slices: 16 + 10 + 7
-    33
     """
-    if p.cluster > 1:
-        return constants()["LN_ELEMS_PER_THREAD"] + 10 + p.cluster - 1
-    nvec = -(-p.D // p.vec)  # a tail (v5's rows of any D) counts as a vector
+    nvec = p.D // p.vec
     serial = -(-nvec // p.threads_per_row) * p.vec
     return serial + 5 + (5 if p.per_block else 0)
 
@@ -293,36 +176,9 @@ def error_bounds(D: int, rung: str = "v4") -> dict[str, float]:
     summed by 512 threads, the busiest adding ``vec * ceil(D / vec / 512)``
     elements in sequence, so there ``k = vec * ceil(D / vec / 512) + 10 <= 16
     ceil(D / 8192) + 10`` grows linearly in ``D`` (34 at ``D = 12288``, 138 at
-    65536), but for v5's clusters of blocks, whose depth stays ``16 + 10 + C
-    - 1 <= 33`` (``rung="v5"``). Nothing depends on the offset of ``x``:
+    65536). Nothing depends on the offset of ``x``:
     that is the point of the corrected mean. Measured errors sit far below (random
     rounding errors grow like ``sqrt(k)``, not ``k``).
-
-    The chapters "The variance problem" and "Layer norm in low precision"
-    explain the corrected mean; "One kernel: fused layer norm on the GPU" sets
-    these bounds beside measured errors.
-
-    Parameters
-    ----------
-    D : int
-        Row length, as :func:`lnorm.gpu.kernels.plan` accepts it.
-    rung : {"v4", "v3", "v5"}, default "v4"
-        Whose order of the row sums (v3's is v4's; v5's differs only for the
-        rows its clusters take).
-
-    Returns
-    -------
-    dict
-        ``{"y": ..., "dx": ..., "depth": k}`` for float32 rows of length ``D``.
-
-    Raises
-    ------
-    ValueError
-        ``D`` outside ``1 .. MAX_ROW``, or one the rung does not take.
-
-    See Also
-    --------
-    lnorm.gpu.check.offset_errors : The errors the bounds are for.
 
     Examples
     --------
@@ -345,20 +201,6 @@ def order_bound(part: np.ndarray) -> np.ndarray:
     are within twice that of each other: how far v3's dgamma (atomics, any
     order) can be from v4's (a fixed order).
 
-    Parameters
-    ----------
-    part : ndarray, shape (n, D)
-        The terms, one row each: the row groups' partial sums.
-
-    Returns
-    -------
-    ndarray, float64, shape (D,)
-        ``2 gamma_{n-1} sum_p |part[p]|``, per column.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.add_in_order : One order of the sum.
-
     Examples
     --------
     >>> from lnorm.gpu.emulate import add_in_order
@@ -377,25 +219,6 @@ def atomic_check(backward, inp: dict) -> dict:
     v3 changes only the order in which the row groups' column sums are added,
     so its ``dx`` must equal v4's bit for bit, and its ``dgamma`` and
     ``dbeta`` must lie within :func:`lnorm.gpu.check.order_bound` of v4's.
-
-    Parameters
-    ----------
-    backward : callable
-        ``backward(dy, x, gamma, mean_hi, mean_lo, rstd, rung="v3")``: the
-        kernels on a GPU, on the CPU (:mod:`lnorm.gpu.host`), or the emulation.
-    inp : dict
-        From :func:`lnorm.gpu.check.make_inputs`.
-
-    Returns
-    -------
-    dict
-        ``dx_equal`` (bool), ``gap`` and ``bound`` (the largest ``|v3 - v4|``
-        of ``dgamma`` and ``dbeta`` over the columns, and the bound at that
-        column) and ``within`` (bool: every column within its bound).
-
-    See Also
-    --------
-    lnorm.gpu.emulate.add_in_order : v3's sum, for one order.
 
     Examples
     --------
@@ -425,36 +248,11 @@ def offset_errors(forward, backward, D: int, offset: float, dy_offset: float = 0
                   rows: int = 16, seed: int = 0) -> dict[str, float]:
     r"""Measure the error of float32 ``y`` and ``dx`` for rows shifted by ``offset``.
 
-    ``x`` is standard normal plus ``offset`` (so the offset is in units of
-    the row's spread); ``dy`` is standard normal plus ``dy_offset``. ``y`` is
-    measured relative to ``max |y|``; ``dx`` relative to ``rstd max |gamma
-    dy|`` per row, the size of the terms its formula subtracts (which is
-    ``max |dx|`` when ``dy_offset`` is 0, and much more when it is large).
-    Both against the float64 :func:`lnorm.gpu.check.reference`.
-
-    Parameters
-    ----------
-    forward, backward : callable
-        An implementation, as for :func:`lnorm.gpu.check.forward_backward`.
-    D : int
-        Row length.
-    offset : float
-        Added to every element of ``x``.
-    dy_offset : float, default 0.0
-        Added to every element of ``dy``.
-    rows : int, default 16
-        Number of rows.
-    seed : int, default 0
-        Seed of the random inputs.
-
-    Returns
-    -------
-    dict of str to float
-        ``{"y": ..., "dx": ...}``: the two relative errors.
-
-    See Also
-    --------
-    lnorm.gpu.check.error_bounds : What they may reach at most.
+    ``x`` is standard normal plus ``offset`` (the offset in units of the row's
+    spread), ``dy`` standard normal plus ``dy_offset``. ``y`` is measured
+    relative to ``max |y|``, ``dx`` relative to ``rstd max |gamma dy|`` per row
+    (the size of the terms its formula subtracts), both against
+    :func:`reference`. Returns ``{"y": ..., "dx": ...}``.
 
     Examples
     --------

@@ -1,18 +1,20 @@
 r"""The kernels' arithmetic, operation for operation, in NumPy float32 on the CPU.
 
-The fused kernels add in a fixed order (the mean as two halves, ``mean_hi``
-and its correction ``mean_lo``, each a row sum): each thread sums its own elements in
+The kernels add in a fixed order: each thread sums its own elements in
 sequence, a warp combines its 32 lanes by a butterfly (lane ``i`` plus lane
 ``i ^ 16``, then ``^ 8``, ...), a block combines its warps the same way; each
 row group sums ``dy * xhat`` and ``dy`` over its strip of rows, and a second
-kernel sums the strips. This module performs exactly those float32 operations
-in exactly that order, with the same launch plan
-(:func:`lnorm.gpu.kernels.plan`). The kernels are compiled with
-``--fmad=false`` and use correctly rounded division and square root, and
-NumPy's float32 arithmetic is IEEE round-to-nearest, so on a GPU the kernels
-and this emulation agree to the bit. Here it lets a machine without a GPU
-check the algorithm against :mod:`lnorm.core`. The chapter "One kernel: fused layer
-norm on the GPU" derives the order and checks the bits.
+kernel sums the strips. This module makes those float32 operations in that
+order, with the same plan (:func:`lnorm.gpu.kernels.plan`). The kernels are
+compiled with ``--fmad=false`` and round division and square root correctly,
+and NumPy's float32 arithmetic is IEEE round-to-nearest, so the kernels and
+the emulation agree to the bit.
+
+Arrays are as the kernels take them: ``x``, ``dy`` of shape ``(..., D)``,
+float32 or float16; ``gamma``, ``beta`` of shape ``(D,)`` and that dtype; the
+row statistics ``mean_hi``, ``mean_lo``, ``rstd`` float32 of shape
+``x.shape[:-1]``. ``rung`` is the kernels' (:data:`lnorm.gpu.kernels.RUNGS`);
+what :func:`lnorm.gpu.kernels.check_forward_args` refuses is refused here.
 
 Examples
 --------
@@ -32,7 +34,6 @@ from .kernels import (
     check_backward_args,
     check_forward_args,
     constants,
-    max_D,
     plan,
 )
 
@@ -77,27 +78,6 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     ... of ``vec`` elements, ``G`` threads per row), a warp's 32 lanes meet in
     a butterfly (lane ``i`` plus lane ``i ^ 16``, then ``^ 8``, ..., ``^ 1``),
     and for one row per block, warp 0 combines the warps' sums the same way.
-    A row that a cluster of blocks holds (v5, ``p.cluster > 1``) is cut into
-    slices of ``max_D()`` elements, one a block; each slice is summed so, as a
-    row of ``max_D()`` elements, and the slices' sums are added in order,
-    ``((s_0 + s_1) + s_2) + ...``.
-
-    Parameters
-    ----------
-    a : ndarray, float32, shape (rows, D)
-        Entries outside the row (beyond ``D``) count as exact zeros, which is
-        what skipping them in the kernel amounts to.
-    p : LaunchPlan
-        The plan of ``(rows, D)`` (:func:`lnorm.gpu.kernels.plan`).
-
-    Returns
-    -------
-    ndarray, float32, shape (rows,)
-        The row sums, rounded at every addition as the kernel rounds.
-
-    See Also
-    --------
-    lnorm.gpu.check.summation_depth : The additions on the longest path.
 
     Examples
     --------
@@ -106,15 +86,6 @@ def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     >>> row_sum(a, plan(2, 600, np.float32)).tolist()
     [179700.0, 539700.0]
     """
-    if p.cluster > 1:  # slices of max_D(), each summed as such a row, in order
-        whole = plan(a.shape[0], max_D(), p.dtype)
-        total = np.zeros(a.shape[0], dtype=F32)
-        for r in range(p.cluster):
-            piece = np.zeros((a.shape[0], max_D()), dtype=F32)
-            part = a[:, r * max_D():(r + 1) * max_D()]
-            piece[:, : part.shape[1]] = part
-            total = row_sum(piece, whole) if r == 0 else total + row_sum(piece, whole)
-        return total
     lanes = _lanes(a, p)
     per_thread = np.zeros((a.shape[0], p.threads_per_row), dtype=F32)
     for i in range(p.vecs_per_thread):  # each thread: its elements in sequence
@@ -134,45 +105,14 @@ def forward(
     x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float = 1e-5, *,
     rung: str = "v4",
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    r"""Emulate the fused forward kernel.
+    r"""Emulate the fused forward: ``y, mean_hi, mean_lo, rstd``.
 
-    In float32, in the kernel's order: ``mean_hi = sum(x) / D``,
-    ``mean_lo = sum(x - mean_hi) / D``, ``d = (x - mean_hi) - mean_lo``,
-    ``var = sum(d * d) / D``, ``rstd = 1 / sqrt(var + eps)``,
-    ``y = d * rstd * gamma + beta``, rounded once to the dtype of ``x``; every
-    sum is :func:`lnorm.gpu.emulate.row_sum`. ``mean_hi + mean_lo`` is the
-    corrected mean: ``mean_lo`` recovers what rounding ``mean_hi`` lost.
-
-    Parameters
-    ----------
-    x : ndarray, shape (..., D), float32 or float16
-        The input; the statistics are taken over the last axis.
-    gamma, beta : ndarray, shape (D,), the dtype of ``x``
-        Scale and shift.
-    eps : float, default 1e-5
-        Added to the variance.
-    rung : {"v4", "v3", "v5"}, default "v4"
-        Whose forward kernel. They make the same sums in the same order (v5's
-        row group sums as a block of its size does), so the result does not
-        depend on it; it is checked like the kernels'.
-
-    Returns
-    -------
-    y : ndarray, shape and dtype of ``x``
-        The normalized, scaled and shifted rows.
-    mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
-        The row statistics the backward takes.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.backward : The backward that takes these statistics.
-    lnorm.gpu.run.FusedLayerNorm.forward : The kernel it emulates.
-    lnorm.core.forward : The float64 reference.
+    In float32, in the kernel's order: ``mean_hi = sum(x) / D``, ``mean_lo =
+    sum(x - mean_hi) / D``, ``d = (x - mean_hi) - mean_lo``, ``var = sum(d * d) /
+    D``, ``rstd = 1 / sqrt(var + eps)``, ``y = d * rstd * gamma + beta`` rounded
+    once to the dtype of ``x``; every sum is :func:`row_sum`. ``mean_lo`` recovers
+    what rounding ``mean_hi`` lost: ``mean_hi + mean_lo`` is the corrected mean.
+    Every rung makes the same sums in the same order.
 
     Examples
     --------
@@ -196,24 +136,6 @@ def forward(
 
 def strip_sums(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
     r"""Sum columns over strips of rows, as the backward kernel writes ``dgamma_part``.
-
-    Parameters
-    ----------
-    a : ndarray, float32, shape (rows, D)
-        The per-element terms, ``dy * xhat`` (for dgamma) or ``dy`` (for dbeta).
-    p : LaunchPlan
-        The plan of ``(rows, D)``: ``row_groups`` strips of
-        ``rows_per_group`` rows.
-
-    Returns
-    -------
-    ndarray, float32, shape (row_groups, D)
-        Row ``k``: the sum of ``a`` over the ``k``-th strip of
-        ``rows_per_group`` rows, added in row order.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.reduce_partials : The second stage, over the strips.
 
     Examples
     --------
@@ -239,22 +161,6 @@ def reduce_partials(part: np.ndarray, slices: int | None = None) -> np.ndarray:
     order, no atomics: the result is the same on every run. v5's
     ``ln_bwd_reduce_params_wide`` is the same with ``LN_REDUCE_SLICES_WIDE``
     slices (its batches of loads do not change the order).
-
-    Parameters
-    ----------
-    part : ndarray, float32, shape (row_groups, D)
-        What :func:`lnorm.gpu.emulate.strip_sums` returns.
-    slices : int, optional
-        ``S``; default ``LN_REDUCE_SLICES``.
-
-    Returns
-    -------
-    ndarray, float32, shape (D,)
-        ``dgamma`` or ``dbeta``.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.strip_sums : The first stage.
 
     Examples
     --------
@@ -283,7 +189,7 @@ def _terms(p: LaunchPlan, dy, x, mean_hi, mean_lo, rstd):
 def _partials(p: LaunchPlan, dy32: np.ndarray, xhat: np.ndarray) -> tuple:
     """The backward kernel's partial rows of dgamma and dbeta under plan p."""
     parts = strip_sums(dy32 * xhat, p), strip_sums(dy32, p)
-    if p.rung == "v5":  # a block's (a cluster's) groups add theirs first
+    if p.rung == "v5":  # a block's groups add theirs first
         parts = tuple(block_partials(part, p) for part in parts)
     return parts
 
@@ -295,31 +201,7 @@ def column_partials(dy, x, mean_hi, mean_lo, rstd, *, rung: str = "v4",
 
     The row groups' column sums over their strips (v3: what its atomics
     add; v4: the ``(row_groups, D)`` buffers), or for v5 those of each block's
-    (each cluster's) groups added first: one partial row per block
-    (cluster), what its second stage sums.
-
-    Parameters
-    ----------
-    dy, x : ndarray, shape (..., D), float32 or float16, one dtype
-        The upstream gradient and the forward's input.
-    mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
-        As :func:`lnorm.gpu.emulate.forward` returns them.
-    rung : {"v4", "v3", "v5"}, default "v4"
-        Whose partial rows.
-    rows_per_group : int, optional
-        The strip, if not the plan's
-        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): the partial rows
-        of a launch with other strips.
-
-    Returns
-    -------
-    dgamma_part, dbeta_part : ndarray, float32, shape (partial rows, D)
-        :func:`lnorm.gpu.emulate.strip_sums` of the two terms (v5: then
-        :func:`lnorm.gpu.emulate.block_partials`).
-
-    See Also
-    --------
-    lnorm.gpu.check.order_bound : How far two orders of their sum can differ.
+    groups added first: one partial row per block, what its second stage sums.
 
     Examples
     --------
@@ -347,29 +229,6 @@ def add_in_order(part: np.ndarray, order=None) -> np.ndarray:
     into ``dgamma`` with ``atomicAdd`` when the group finishes. The order
     changes from run to run on a GPU; this is the sum for one order.
 
-    Parameters
-    ----------
-    part : ndarray, float32, shape (row_groups, D)
-        What :func:`lnorm.gpu.emulate.strip_sums` returns.
-    order : sequence of int, optional
-        The order the groups finish in, a permutation of
-        ``range(row_groups)``; default: in index order.
-
-    Returns
-    -------
-    ndarray, float32, shape (D,)
-        ``0 + part[order[0]] + part[order[1]] + ...``, rounded after every
-        addition.
-
-    Raises
-    ------
-    ValueError
-        If ``order`` is not a permutation of the row groups.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.reduce_partials : v4's fixed order.
-
     Examples
     --------
     >>> part = np.array([[1.0], [1.0], [2.0**24]], np.float32)
@@ -394,23 +253,6 @@ def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
     P - 1`` in order (``P = p.groups_per_block``); groups past the last row
     hold zeros.
 
-    Parameters
-    ----------
-    part : ndarray, float32, shape (row_groups, D)
-        What :func:`lnorm.gpu.emulate.strip_sums` returns for the v5 plan.
-    p : LaunchPlan
-        The v5 plan (``plan(rows, D, dtype, rung="v5")``).
-
-    Returns
-    -------
-    ndarray, float32, shape (partial_rows, D)
-        One partial row per block (per cluster of blocks), what the reduction
-        then sums.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.reduce_partials : The second stage.
-
     Examples
     --------
     >>> from lnorm.gpu.kernels import plan
@@ -433,55 +275,16 @@ def backward(
     mean_lo: np.ndarray, rstd: np.ndarray, *, rung: str = "v4", order=None,
     rows_per_group: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    r"""Emulate the fused backward kernel and the dgamma/dbeta reduction.
+    r"""Emulate the fused backward and the reduction: ``dx, dgamma, dbeta``.
 
     In float32: ``xhat = ((x - mean_hi) - mean_lo) * rstd``, ``g = gamma * dy``,
     ``dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd`` with the row means
-    summed in the kernel's order; ``dgamma = sum(dy * xhat)`` and
-    ``dbeta = sum(dy)`` over rows, by strips (:func:`strip_sums`) and then
-    over strips (:func:`reduce_partials`); for v5, the strips of a block added
-    first (:func:`block_partials`); for v3, added into zeros in the order the
-    groups finish (:func:`add_in_order`).
-
-    Parameters
-    ----------
-    dy, x : ndarray, shape (..., D), float32 or float16, one dtype
-        The upstream gradient and the forward's input.
-    gamma : ndarray, shape (D,), the dtype of ``x``
-        The scale.
-    mean_hi, mean_lo, rstd : ndarray, float32, shape ``x.shape[:-1]``
-        As :func:`lnorm.gpu.emulate.forward` returns them.
-    rung : {"v4", "v3", "v5"}, default "v4"
-        The backward kernel emulated (:data:`lnorm.gpu.kernels.RUNGS`); ``dx``
-        is the same for all three.
-    order : sequence of int, optional
-        v3: the order the row groups finish in (default: index order, as the
-        CPU-run kernels of one group per block add).
-    rows_per_group : int, optional
-        The backward's strip, if not the plan's
-        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): ``dx`` is the
-        same, ``dgamma`` and ``dbeta`` follow the strip's order.
-
-    Returns
-    -------
-    dx : ndarray, shape and dtype of ``x``
-        The gradient of the input.
-    dgamma, dbeta : ndarray, float32, shape (D,)
-        The gradients of the scale and shift, summed over all rows.
-
-    Raises
-    ------
-    ValueError, TypeError
-        Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses.
-    ValueError
-        ``order`` with a rung other than v3, or an ``order`` that is not a
-        permutation of the row groups.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.forward : Makes the statistics.
-    lnorm.gpu.run.FusedLayerNorm.backward : The kernels it emulates.
-    lnorm.core.backward : The float64 reference.
+    summed in the kernel's order; ``dgamma = sum(dy * xhat)`` and ``dbeta =
+    sum(dy)`` over rows, by strips (:func:`strip_sums`), then over strips
+    (:func:`reduce_partials`); v5 adds a block's strips first
+    (:func:`block_partials`); v3 adds them into zeros in the order ``order`` of
+    its row groups (:func:`add_in_order`; default, index order). ``dx`` is the
+    same for every rung; ``rows_per_group`` emulates other strips.
 
     Examples
     --------
@@ -494,7 +297,7 @@ def backward(
     """
     p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung,
                             rows_per_group=rows_per_group)
-    if order is not None and rung != "v3":
+    if order is not None and p.rung != "v3":
         raise ValueError(f"order is for rung='v3' (atomics); got rung={rung!r}.")
     dy32, xhat, rs = _terms(p, dy, x, mean_hi, mean_lo, rstd)
     g = np.asarray(gamma, F32) * dy32
@@ -503,7 +306,7 @@ def backward(
     mean_gxhat = (row_sum(g * xhat, p) / D)[:, None]
     dx = ((g - mean_g) - xhat * mean_gxhat) * rs
     parts = _partials(p, dy32, xhat)
-    if rung == "v3":
+    if p.rung == "v3":
         dgamma, dbeta = (add_in_order(part, order) for part in parts)
     else:  # v5's reduction has more slices
         slices = p.reduce_launch()[2][1]

@@ -186,49 +186,44 @@ LN_VARIANTS(LN_BACKWARD_ATOMIC_KERNEL)
 // fewer partial sums than v4 for as many groups at once. So that every thread
 // of the block reaches the barriers of the row sums, the groups step through
 // rows_per_group rows together; a row past a group's strip is inactive.
-// Rows of 16-byte vectors are prefetched: the next row's x and dy are copied
-// into shared memory (cp.async) while the group works on this one.
-// Rows longer than registers hold with x and dy (up to
-// LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS, ln_bwd_grouped_long_*) are
-// read from that copy twice (backward_row's TWICE).
+// The next rows' x and dy are copied into shared memory (cp.async, 16 bytes
+// at a time) while the group works on this one. Rows longer than registers
+// hold with x and dy (up to LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS,
+// ln_bwd_grouped_long_*) are read from that copy twice (backward_row's
+// TWICE).
 //
-// The row step is v4's arithmetic, written once below for v5 alone: v4's
-// kernel keeps its own code, whose compiled form the H100 timed.
+// The row step is v4's arithmetic, written again below for v5, so that v4's
+// kernel, the lesson, reads on its own.
 
 // One row of the backward for one thread, which holds E elements of the
-// row: take x and dy (`load_row(i, at, xv, dyv)` gives the thread's i-th
-// vector, elements at..at+VEC-1 of the arrays), recompute xhat, make both row
-// reductions with `row_sum_of`, write dx once, and add this row's dy * xhat
-// and dy into the thread's column sums. A row that is not `active` (v5 pads
-// a block's strips to one length) reads and writes nothing and adds zeros to
-// the row sums, which every thread of the group still makes. dx streams
-// (VecStream: written once).
+// row: take x and dy (`load_row(i, xv, dyv)` gives the thread's i-th
+// vector), recompute xhat, make both row reductions with `row_sum_of`, write
+// dx once, and add this row's dy * xhat and dy into the thread's column
+// sums. A row that is not `active` (v5 pads a block's strips to one length)
+// reads and writes nothing and adds zeros to the row sums, which every
+// thread of the group still makes. dx streams (VecStream: written once).
 //
 // xhat and g wait in registers between the row sums and dx, E of each. For
 // rows longer than that leaves registers for (TWICE, E =
 // LN_LONG_ELEMS_PER_THREAD), the row waits in shared memory instead, where
-// v5's prefetch put it: step 3 takes it again and makes xhat and g again, by
+// the prefetch put it: step 3 takes it again and makes xhat and g again, by
 // the same operations, to the same bits; registers then hold only gamma and
-// the column sums. A block of a v5 cluster holds a slice of the row: `cols`
-// elements (default: all D), with dx starting at the slice.
+// the column sums.
 template <typename T, int VEC, int E, bool TWICE, typename LoadRow,
           typename RowSum>
 __device__ __forceinline__ void backward_row(
     const float* __restrict__ mean_hi, const float* __restrict__ mean_lo,
     const float* __restrict__ rstd, T* __restrict__ dx, long long row, int D,
     int t, int G, bool active, const float (&gam)[E], float (&dgamma_acc)[E],
-    float (&dbeta_acc)[E], LoadRow load_row, RowSum row_sum_of,
-    int cols = -1)
+    float (&dbeta_acc)[E], LoadRow load_row, RowSum row_sum_of)
 {
     constexpr int VPT = E / VEC;
     // xhat and g kept: one vector, or all
     constexpr int KEPT = TWICE ? VEC : E;
-    const int ncols = cols < 0 ? D : cols;
-    const int nvec = row_vectors<T, VEC>(ncols);  // a tail counts as one
+    const int nvec = D / VEC;
     const float mu_hi = mean_hi[row], mu_lo = mean_lo[row];
     const float rs = rstd[row];
     const long long offset = row * D;
-
     // xhat and g of element c of vector i, into slot s of the kept ones.
     float xhat[KEPT], g[KEPT];
     auto terms = [&](int i, const float* xv, const float* dyv) {
@@ -247,14 +242,11 @@ __device__ __forceinline__ void backward_row(
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (active && v < nvec) {
-            const int n = vector_elements<T, VEC>(v, ncols);
             float xv[VEC], dyv[VEC];
-            load_row(i, offset + v * VEC, xv, dyv, n);
+            load_row(i, xv, dyv);
             terms(i, xv, dyv);
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
-                // past a tail, x, dy and gamma are zeros: g is +0 and adds
-                // nothing, and the columns past D are never written
                 const int k = i * VEC + c, s = TWICE ? c : k;
                 part.x += g[s];
                 part.y += g[s] * xhat[s];
@@ -276,10 +268,9 @@ __device__ __forceinline__ void backward_row(
     for (int i = 0; i < VPT; ++i) {
         const int v = t + i * G;
         if (active && v < nvec) {
-            const int n = vector_elements<T, VEC>(v, ncols);
             if constexpr (TWICE) {
                 float xv[VEC], dyv[VEC];
-                load_row(i, offset + v * VEC, xv, dyv, n);
+                load_row(i, xv, dyv);
                 terms(i, xv, dyv);
             }
             float out[VEC];
@@ -288,168 +279,15 @@ __device__ __forceinline__ void backward_row(
                 const int s = TWICE ? c : i * VEC + c;
                 out[c] = ((g[s] - mean_g) - xhat[s] * mean_gxhat) * rs;
             }
-            vec_store<T, VEC, true>(dx + offset + v * VEC, out, n);
+            VecStream<T, VEC>::store(dx + offset + v * VEC, out);
         }
     }
 }
 
-// gamma is the same for every row of a strip: read it once, keep it in
-// registers; and zero the column sums. E elements a thread.
-template <typename T, int VEC, int E>
-__device__ __forceinline__ void start_strip(
-    const T* __restrict__ gamma, int D, int t, int G, float (&gam)[E],
-    float (&dgamma_acc)[E], float (&dbeta_acc)[E])
-{
-    constexpr int VPT = E / VEC;
-    const int nvec = row_vectors<T, VEC>(D);
-#pragma unroll
-    for (int k = 0; k < E; ++k) dgamma_acc[k] = dbeta_acc[k] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const int v = t + i * G;
-        if (v < nvec)
-            vec_load_aligned<T, VEC>(gamma + v * VEC, &gam[i * VEC],
-                                     vector_elements<T, VEC>(v, D));
-    }
-}
-
-// n floats of a thread's column sums (n = VEC but for a tail) into a row of
-// the partial buffers; for rows of any D, that row (D floats past the last)
-// is aligned to 4 bytes only, and moves in pieces of 4 floats as VecAny
-// moves a row.
-template <typename T, int VEC>
-__device__ __forceinline__ void store_floats(float* p, const float* in,
-                                             int n) {
-    if constexpr (AnyAlign<T>::value) {
-#pragma unroll
-        for (int h = 0; h < VEC; h += 4)
-            VecAny<float_any, 4, false>::store(
-                reinterpret_cast<float_any*>(p + h), in + h,
-                max(0, min(4, n - h)));
-    } else {
-        Vec<float, VEC>::store(p, in);
-    }
-}
-
-// A thread's column sums, as one row of the (partial rows, D) buffers.
-template <typename T, int VEC, int E>
-__device__ __forceinline__ void store_columns(
-    float* __restrict__ dgamma_row, float* __restrict__ dbeta_row, int D,
-    int t, int G, const float (&dgamma_acc)[E], const float (&dbeta_acc)[E])
-{
-    constexpr int VPT = E / VEC;
-    const int nvec = row_vectors<T, VEC>(D);
-#pragma unroll
-    for (int i = 0; i < VPT; ++i) {
-        const int v = t + i * G;
-        if (v < nvec) {
-            const int k = i * VEC, n = vector_elements<T, VEC>(v, D);
-            store_floats<T, VEC>(dgamma_row + v * VEC, dgamma_acc + k, n);
-            store_floats<T, VEC>(dbeta_row + v * VEC, dbeta_acc + k, n);
-        }
-    }
-}
-
-// A row group's strip, for one thread: gamma into registers, then every row
-// (backward_row), adding into the thread's column sums `dgamma_acc` and
-// `dbeta_acc`. The group is `group`, this thread `t` of its G; it holds
-// the columns col0 .. col0 + cols - 1 (all D, or a slice of a cluster's
-// row). With CL > 1 (v5's rows past LN_LONG_ELEMS_PER_THREAD *
-// LN_MAX_ROW_THREADS) the row sums are cluster_sum's.
-template <typename T, int VEC, bool PER_BLOCK, int E, int CL>
-__device__ __forceinline__ void backward_strip(
-    const T* __restrict__ dy, const T* __restrict__ x,
-    const T* __restrict__ gamma, const float* __restrict__ mean_hi,
-    const float* __restrict__ mean_lo, const float* __restrict__ rstd,
-    T* __restrict__ dx, int rows, int D, int rows_per_group, int G, int P,
-    long long group, int t, int col0, int cols, float (&dgamma_acc)[E],
-    float (&dbeta_acc)[E])
-{
-    // Rows longer than registers hold with x and dy (E > LN_ELEMS_PER_THREAD)
-    // have one group of LN_MAX_ROW_THREADS threads a block (P = 1).
-    constexpr bool LONG = E > LN_ELEMS_PER_THREAD;
-    float gam[E];
-    start_strip<T, VEC, E>(gamma + col0, cols, t, G, gam, dgamma_acc,
-                           dbeta_acc);
-
-    const long long first = group * rows_per_group;
-    const long long last = min(first + rows_per_group, (long long)rows);
-
-    // Rows of 16-byte vectors are prefetched: while a thread works on row k,
-    // its copies of the next rows' x and dy are in flight into shared memory,
-    // so the latency of the loads is not waited out once per row. One buffer
-    // per row in flight (S = LN_BWD_ROWS_IN_FLIGHT, one more in float16
-    // clusters of a tail, part_rows_more; a row a warp holds is
-    // short, so warps keep LN_BWD_WARP_ROWS_IN_FLIGHT_F32 or _F16 rows in
-    // flight), used in turn: the copies into one never race the reads of
-    // another (prefetch_slot). Rows of
-    // scalars (D not a multiple of the vector) are read straight from global
-    // memory.
-    constexpr int VPT = E / VEC;
-    constexpr bool STAGED = VEC * sizeof(T) == 16;
-    constexpr int S = PER_BLOCK ? LN_BWD_ROWS_IN_FLIGHT +
-                                      part_rows_more<T, CL>()
-                      : sizeof(T) == 2 ? LN_BWD_WARP_ROWS_IN_FLIGHT_F16
-                                       : LN_BWD_WARP_ROWS_IN_FLIGHT_F32;
-    LN_DYNAMIC_SHARED(uint4, staged);
-    const int nvec = row_vectors<T, VEC>(cols);
-    float2* scratch =
-        reinterpret_cast<float2*>(past_prefetch<T, S, 2, VPT>(staged));
-    int parity = 0;
-    auto row_sum_of = [&](float2 v) {
-        if constexpr (CL > 1) return cluster_sum<CL>(v, scratch, parity);
-        else if constexpr (PER_BLOCK) return group_sum(v, G);
-        else return warp_sum(v);
-    };
-    auto slot = [&](int buffer, int tensor, int i) {
-        return prefetch_slot_of<T, 2, VPT>(staged, buffer, tensor,
-                                           i);  // x, dy
-    };
-    auto prefetch = [&](long long row, int buffer) {
-#pragma unroll
-        for (int i = 0; i < VPT; ++i) {
-            const int v = t + i * G;
-            if (v < nvec) {
-                const int n = vector_elements<T, VEC>(v, cols);
-                copy_vec<T, VEC>(slot(buffer, 0, i),
-                                 x + row * D + col0 + v * VEC, n);
-                copy_vec<T, VEC>(slot(buffer, 1, i),
-                                 dy + row * D + col0 + v * VEC, n);
-            }
-        }
-    };
-    strip_rows<STAGED, S>(first, last, rows_per_group, P, prefetch,
-                          [&](int buffer, long long row, bool active) {
-        // A row of scalars read twice (LONG) is read the second time from
-        // cache: no streaming hint on its loads.
-        auto load_row = [&](int i, long long at, float* xv, float* dyv,
-                            int n) {
-            if constexpr (OddRows<T>::value) {  // the slots need the start
-                vec_load_slot<T, VEC>(
-                    reinterpret_cast<const T*>(slot(buffer, 0, i)), xv, n,
-                    x + col0 + at);
-                vec_load_slot<T, VEC>(
-                    reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv, n,
-                    dy + col0 + at);
-            } else if constexpr (STAGED) {
-                vec_load_slot<T, VEC>(
-                    reinterpret_cast<const T*>(slot(buffer, 0, i)), xv, n);
-                vec_load_slot<T, VEC>(
-                    reinterpret_cast<const T*>(slot(buffer, 1, i)), dyv, n);
-            } else if constexpr (LONG) {
-                vec_load<T, VEC>(x + col0 + at, xv, n);
-                vec_load<T, VEC>(dy + col0 + at, dyv, n);
-            } else {
-                vec_load<T, VEC, true>(x + col0 + at, xv, n);
-                vec_load<T, VEC, true>(dy + col0 + at, dyv, n);
-            }
-        };
-        backward_row<T, VEC, E, LONG>(
-            mean_hi, mean_lo, rstd, dx + col0, row, D, t, G, active, gam,
-            dgamma_acc, dbeta_acc, load_row, row_sum_of, cols);
-    });
-}
-
+// v5's backward for one block: gamma into registers and the column sums
+// zeroed, then every row of the group's strip (backward_row), the next rows
+// in flight; then the groups' column sums into group 0, which writes the
+// block's row of the partial buffers. E row elements a thread.
 template <typename T, int VEC, bool PER_BLOCK, int E = LN_ELEMS_PER_THREAD>
 __device__ __forceinline__ void layernorm_backward_grouped(
     const T* __restrict__ dy, const T* __restrict__ x,
@@ -459,14 +297,59 @@ __device__ __forceinline__ void layernorm_backward_grouped(
     float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
     int rows, int D, int rows_per_group, int group_threads)
 {
+    // Rows longer than registers hold with x and dy (E > LN_ELEMS_PER_THREAD)
+    // have one group of LN_MAX_ROW_THREADS threads a block (P = 1).
     constexpr bool LONG = E > LN_ELEMS_PER_THREAD;
+    constexpr int VPT = E / VEC;
+    // Rows in flight, one shared-memory buffer each, used in turn: the
+    // copies into one never race the reads of another (prefetch_slot). A row
+    // a warp holds is short, so warps keep more rows in flight.
+    constexpr int S = PER_BLOCK ? LN_BWD_ROWS_IN_FLIGHT
+                      : sizeof(T) == 2 ? LN_BWD_WARP_ROWS_IN_FLIGHT_F16
+                                       : LN_BWD_WARP_ROWS_IN_FLIGHT_F32;
     const int G = group_threads, P = blockDim.x / G;
     const int p = threadIdx.x / G, t = threadIdx.x % G;
     const long long group = (long long)blockIdx.x * P + p;
-    float dgamma_acc[E], dbeta_acc[E];
-    backward_strip<T, VEC, PER_BLOCK, E, 1>(
-        dy, x, gamma, mean_hi, mean_lo, rstd, dx, rows, D, rows_per_group, G,
-        P, group, t, 0, D, dgamma_acc, dbeta_acc);
+    const int nvec = D / VEC;
+    float dgamma_acc[E], dbeta_acc[E], gam[E];
+#pragma unroll
+    for (int k = 0; k < E; ++k) dgamma_acc[k] = dbeta_acc[k] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+        const int v = t + i * G;
+        if (v < nvec) Vec<T, VEC>::load(gamma + v * VEC, &gam[i * VEC]);
+    }
+    const long long first = group * rows_per_group;
+    const long long last = min(first + rows_per_group, (long long)rows);
+    LN_DYNAMIC_SHARED(uint4, staged);
+    auto slot = [&](int buffer, int tensor, int i) {  // x, dy
+        return prefetch_slot<2, VPT>(staged, buffer, tensor, i);
+    };
+    auto prefetch = [&](long long row, int buffer) {
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int v = t + i * G;
+            if (v < nvec) {
+                copy_async_16(slot(buffer, 0, i), x + row * D + v * VEC);
+                copy_async_16(slot(buffer, 1, i), dy + row * D + v * VEC);
+            }
+        }
+    };
+    strip_rows<S>(first, last, rows_per_group, P, prefetch,
+                  [&](int buffer, long long row, bool active) {
+        auto load_row = [&](int i, float* xv, float* dyv) {
+            Vec<T, VEC>::load(reinterpret_cast<const T*>(slot(buffer, 0, i)),
+                              xv);
+            Vec<T, VEC>::load(reinterpret_cast<const T*>(slot(buffer, 1, i)),
+                              dyv);
+        };
+        backward_row<T, VEC, E, LONG>(
+            mean_hi, mean_lo, rstd, dx, row, D, t, G, active, gam,
+            dgamma_acc, dbeta_acc, load_row, [&](float2 v) {
+                if constexpr (PER_BLOCK) return group_sum(v, G);
+                else return warp_sum(v);
+            });
+    });
 
     // Step 4: group q hands its column sums to group 0, q = 1, ..., P - 1 in
     // order; then group 0 writes the block's row of the partial buffers.
@@ -495,55 +378,27 @@ __device__ __forceinline__ void layernorm_backward_grouped(
             __syncthreads();
         }
     }
-    if (p == 0)
-        store_columns<T, VEC, E>(dgamma_part + blockIdx.x * (long long)D,
-                              dbeta_part + blockIdx.x * (long long)D, D, t,
-                              G, dgamma_acc, dbeta_acc);
-}
-
-// v5 past LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: a row group is a
-// cluster of CL blocks of one group each, block r holding slice r of every
-// row of the strip (and of gamma and the column sums), as in the forward.
-// The cluster's partial row is written slice by slice, each by its block.
-// A last cluster barrier before the block exits, as in the forward: a
-// defence, which the exchange of the row sums does not need.
-template <typename T, int VEC, int CL>
-__device__ __forceinline__ void layernorm_backward_cluster(
-    const T* __restrict__ dy, const T* __restrict__ x,
-    const T* __restrict__ gamma, const float* __restrict__ mean_hi,
-    const float* __restrict__ mean_lo, const float* __restrict__ rstd,
-    T* __restrict__ dx,
-    float* __restrict__ dgamma_part, float* __restrict__ dbeta_part,
-    int rows, int D, int rows_per_group, int group_threads)
-{
-    constexpr int E = LN_ELEMS_PER_THREAD;
-    constexpr int SLICE = E * LN_MAX_ROW_THREADS;
-    const int rank = (int)(blockIdx.x % CL), t = threadIdx.x;
-    const long long group = blockIdx.x / CL;
-    const int col0 = rank * SLICE, cols = max(0, min(SLICE, D - col0));
-    float dgamma_acc[E], dbeta_acc[E];
-    backward_strip<T, VEC, true, E, CL>(
-        dy, x, gamma, mean_hi, mean_lo, rstd, dx, rows, D, rows_per_group,
-        group_threads, 1, group, t, col0, cols, dgamma_acc, dbeta_acc);
-    store_columns<T, VEC, E>(dgamma_part + group * D + col0,
-                             dbeta_part + group * D + col0, cols, t,
-                             group_threads, dgamma_acc, dbeta_acc);
-    cluster_sync();
+    if (p == 0) {
+        float* dgamma_row = dgamma_part + blockIdx.x * (long long)D;
+        float* dbeta_row = dbeta_part + blockIdx.x * (long long)D;
+#pragma unroll
+        for (int i = 0; i < VPT; ++i) {
+            const int v = t + i * G;
+            if (v < nvec) {
+                Vec<float, VEC>::store(dgamma_row + v * VEC, dgamma_acc + i * VEC);
+                Vec<float, VEC>::store(dbeta_row + v * VEC, dbeta_acc + i * VEC);
+            }
+        }
+    }
 }
 
 // v5: one per variant, named ln_bwd_grouped_<suffix>; blocks of P groups of
-// group_threads threads; the partial buffers have one row per block. E row
-// elements a thread. The variants of 16-byte vectors take
-// S * 2 * 16 * (E / VEC) bytes of dynamic shared memory per thread, S =
-// LN_BWD_ROWS_IN_FLIGHT (LN_BWD_WARP_ROWS_IN_FLIGHT_F32 or _F16 for rows a
-// warp holds),
-// (the prefetch buffers;
-// lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes), the others none.
-// Every v5 backward kernel: these parameters, handed to CALL (a
-// parenthesized device function); its attributes (launch bounds, cluster
-// size) last.
-#define LN_BACKWARD_GROUPED_AS(SUFFIX, T, CALL, ...)                         \
-    extern "C" __global__ void __VA_ARGS__                                   \
+// group_threads threads; the partial buffers have one row per block. They
+// take S * 2 * 16 * (E / VEC) bytes of dynamic shared memory per thread
+// (lnorm.gpu.kernels.LaunchPlan.backward_shared_bytes).
+#define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
+                                     E)                                      \
+    extern "C" __global__ void __launch_bounds__(MAX_THREADS, 1)             \
     ln_bwd_grouped_##SUFFIX(const T* __restrict__ dy,                        \
                             const T* __restrict__ x,                         \
                             const T* __restrict__ gamma,                     \
@@ -555,17 +410,10 @@ __device__ __forceinline__ void layernorm_backward_cluster(
                             float* __restrict__ dbeta_part,                  \
                             int rows, int D, int rows_per_group,             \
                             int group_threads) {                             \
-        CALL(dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,          \
-             dbeta_part, rows, D, rows_per_group, group_threads);            \
+        layernorm_backward_grouped<T, VEC, PER_BLOCK, E>(                    \
+            dy, x, gamma, mean_hi, mean_lo, rstd, dx, dgamma_part,           \
+            dbeta_part, rows, D, rows_per_group, group_threads);             \
     }
-
-#define LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS, \
-                                     E)                                      \
-    LN_BACKWARD_GROUPED_AS(SUFFIX, T,                                        \
-                           (layernorm_backward_grouped<T, VEC, PER_BLOCK,    \
-                                                       E>),                  \
-                           __launch_bounds__(MAX_THREADS, 1))
-
 #define LN_BACKWARD_GROUPED_KERNEL(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS)   \
     LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, PER_BLOCK, MAX_THREADS,     \
                                  LN_ELEMS_PER_THREAD)
@@ -579,21 +427,7 @@ LN_GROUPED_VARIANTS(LN_BACKWARD_GROUPED_KERNEL)
     LN_BACKWARD_GROUPED_KERNEL_E(SUFFIX, T, VEC, true, MAX_THREADS,          \
                                  LN_LONG_ELEMS_PER_THREAD)
 
-LN_LONG_VECTOR_VARIANTS(LN_BACKWARD_GROUPED_LONG_KERNEL)
-
-// v5 for rows longer than LN_LONG_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS, up
-// to LN_MAX_CLUSTER * LN_ELEMS_PER_THREAD * LN_MAX_ROW_THREADS: one name per
-// cluster variant, ln_bwd_grouped_<suffix>, CL blocks a cluster (as the
-// forward's); one partial row per cluster. sm_90 and later only.
-#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-#define LN_BACKWARD_CLUSTER_KERNEL(SUFFIX, T, VEC, MAX_THREADS, CL)          \
-    LN_BACKWARD_GROUPED_AS(SUFFIX, T,                                        \
-                           (layernorm_backward_cluster<T, VEC, CL>),         \
-                           __cluster_dims__(CL, 1, 1)                        \
-                           __launch_bounds__(MAX_THREADS, 1))
-
-LN_CLUSTER_VARIANTS(LN_BACKWARD_CLUSTER_KERNEL)
-#endif
+LN_GROUPED_LONG_VARIANTS(LN_BACKWARD_GROUPED_LONG_KERNEL)
 
 // Second kernel: dgamma[j] = sum over p of dgamma_part[p, j] (dbeta alike).
 // A block is 32 columns x SLICES threads: thread (j, s) sums rows
@@ -656,7 +490,7 @@ __device__ __forceinline__ void reduce_params(
     }
 }
 
-// v3 has none; v4's second kernel, as the H100 timed it.
+// v4's second kernel (v3 has none).
 extern "C" __global__ void __launch_bounds__(32 * LN_REDUCE_SLICES, 1)
 ln_bwd_reduce_params(const float* __restrict__ dgamma_part,
                      const float* __restrict__ dbeta_part,

@@ -1,30 +1,19 @@
 r"""``python -m lnorm.gpu.measure``: check and time the kernels on a GPU, in one run.
 
-On a machine with a CUDA device it
+With a CUDA device it checks the kernels against :mod:`lnorm.gpu.emulate`
+bit for bit (:func:`bit_checks`), measures the error against float64 as the
+row offset grows (:func:`offset_sweep`), and times the copy yardstick and
+every rung (v1, the op-by-op CuPy version; v3, v4, v5) at :data:`SHAPES`:
+each timing the median of CUDA-event timings of single calls after warm-up,
+queued while the GPU spins (the host's launch time is not counted), L2
+flushed before every call under :data:`L2_FLUSH_BELOW` bytes. It writes all
+of it, with the device and the versions, as JSON. Without a GPU it writes a
+*dry run*: the plan of every launch it would time, and why it could not.
 
-1. checks the kernels against :mod:`lnorm.gpu.emulate` bit for bit at every
-   shape of :data:`lnorm.gpu.check.SHAPES`, float32 and float16;
-2. measures the error against float64 as the row offset grows
-   (:func:`lnorm.gpu.measure.offset_sweep`), the accuracy claim of the
-   corrected mean;
-3. times the copy yardstick and every rung (the op-by-op CuPy version
-   ``v1`` and the fused kernels ``v3``, ``v4`` and ``v5``) at
-   :data:`lnorm.gpu.measure.SHAPES`, each time the median of CUDA-event
-   timings of single calls after warm-up, queued while the GPU spins so that
-   the host's launch time is not counted, with L2 flushed before every
-   timed call for problems under 200 MiB;
-
-and writes everything, with the device and the versions, as JSON.
-
-Without a GPU it makes a *dry run*: it plans every launch of the timed shapes
-(grid, block, row groups, bytes) and writes a JSON that says why no GPU was
-used, so the command and its output format are tested on any machine.
-
-Other modes, for the device tools: ``--launch-only`` launches every kernel
-once at awkward shapes (the program ``compute-sanitizer`` watches) and
-``--profile ROWS D DTYPE`` runs the fused forward and backward of ``--rung``
-a few times at one shape (the program ``ncu`` profiles). The chapter "One kernel:
-fused layer norm on the GPU" reads the JSON a GPU run wrote.
+``--launch-only`` launches every kernel once at awkward shapes (for
+``compute-sanitizer``), ``--profile ROWS D DTYPE`` runs one shape a few times
+(for ``ncu``). :func:`kernels_measured` and :func:`plan_changed` say whether a
+data file timed the kernels and launches of this build.
 
 Examples
 --------
@@ -62,7 +51,8 @@ from .kernels import (
 from .ptx import entries
 
 __all__ = [
-    "SHAPES", "DTYPES", "L2_FLUSH_BELOW", "COPY_BYTES", "source_digest", "ptx_digests",
+    "SHAPES", "LONG_SHAPES", "DTYPES", "L2_FLUSH_BELOW", "COPY_BYTES", "source_digest",
+    "ptx_digests",
     "kernels_measured", "plan_changed", "plan_launches", "dry_run", "copy_yardstick",
     "bit_checks", "offset_sweep", "hold_cycles", "time_rungs", "time_shapes",
     "large_rows_check", "launch_only", "measure", "main",
@@ -70,6 +60,8 @@ __all__ = [
 
 #: The timed shapes — 8192 rows of the widths of common transformers.
 SHAPES = tuple((8192, D) for D in (768, 1024, 4096, 8192, 12288))
+#: Rows past v5's and past a multiple of the vector, for the bit checks.
+LONG_SHAPES = ((3, 12290), (2, 65537))
 #: The storage types every shape is timed and checked in.
 DTYPES = ("float32", "float16")
 #: Problems smaller than this (bytes the op moves) are timed with L2 flushed.
@@ -89,31 +81,6 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
     r"""Plan the launch of every timed shape, or say why the kernels cannot take it.
 
     Needs no GPU: this is what a dry run writes.
-
-    Parameters
-    ----------
-    shapes : sequence of (int, int), default SHAPES
-        ``(rows, D)`` pairs.
-    dtypes : sequence of str, default DTYPES
-        Storage types, e.g. ``"float32"``.
-
-    Returns
-    -------
-    list of dict
-        One entry per shape and dtype: ``rows``, ``D``, ``dtype``, the bytes
-        each direction moves, and either the plan (``kernel_forward``,
-        ``kernel_backward``, ``block``, grids, ``row_groups``,
-        ``rows_per_group``, ``partials_bytes``, and where other rungs take
-        the shape (:func:`lnorm.gpu.kernels.rungs_for`) ``rungs``: the
-        launches of v3 and v5, with v5's ``backward_shared_bytes`` and
-        its forward's ``forward_grid`` and ``forward_rows_per_group``) or
-        ``unsupported``
-        (the message of :func:`lnorm.gpu.kernels.plan`).
-
-    See Also
-    --------
-    lnorm.gpu.kernels.plan : One plan.
-    lnorm.gpu.measure.dry_run : Writes these without a GPU.
 
     Examples
     --------
@@ -172,24 +139,6 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
 def source_digest(files=KERNEL_FILES) -> str:
     r"""Hash the kernel sources as compiled: which kernels a measurement timed.
 
-    Parameters
-    ----------
-    files : sequence of str, default KERNEL_FILES
-        Kernel files, in order; a measurement records which it hashed
-        (``source_files``), so that a file added later (as
-        ``layernorm_long.cu`` was) does not make the kernels it timed look
-        changed.
-
-    Returns
-    -------
-    str
-        The SHA-256 hex digest of :func:`lnorm.gpu.kernels.source` of every
-        file of ``files``, in order.
-
-    See Also
-    --------
-    lnorm.gpu.measure.dry_run : Records it with the plans.
-
     Examples
     --------
     >>> digest = source_digest()
@@ -205,33 +154,17 @@ def source_digest(files=KERNEL_FILES) -> str:
     return h.hexdigest()
 
 
-def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90") -> dict[str, str]:
+def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90",
+                canonical: bool = False) -> dict[str, str]:
     r"""Hash the PTX of every kernel, one digest per kernel: what the GPU ran.
 
     A source edit that leaves a kernel's compiled code alone (a comment, a
-    kernel added beside it) changes :func:`lnorm.gpu.measure.source_digest` but
-    not this digest, so a measurement stays attributed to the kernels it timed.
-    Branch labels, which NVRTC numbers by the kernel's place in its file, are
-    renumbered first. Needs only NVRTC (no GPU); its version is pinned in
-    ``requirements.txt``, and another version may print other PTX for the
-    same source.
-
-    Parameters
-    ----------
-    files : sequence of str, default KERNEL_FILES
-        Kernel files to compile.
-    arch : str, default "sm_90"
-        The architecture the PTX is generated for.
-
-    Returns
-    -------
-    dict of str to str
-        ``{kernel name: SHA-256 hex digest of its PTX entry}``.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.entries : Splits PTX into its entries.
-    lnorm.gpu.measure.source_digest : The digest of the sources.
+    kernel added or removed beside it) changes :func:`source_digest` but not
+    this digest. Branch labels, which NVRTC numbers by the kernel's place in
+    its file, are renumbered first; with ``canonical``, the declarations of
+    shared variables that NVRTC moves into a kernel when no other kernel of
+    its file uses them are put back where they were. Needs only NVRTC (pinned
+    in ``requirements.txt``; another version may print other PTX).
 
     Examples
     --------
@@ -242,39 +175,22 @@ def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90") -> dict[str, str]:
     out = {}
     for filename in files:
         for name, text in entries(compile_ptx(filename, arch)).items():
-            # Branch labels are numbered by the kernel's place in the module.
             text = re.sub(r"\$L__BB\d+_", "$L__BB_", text)
+            if canonical:
+                text = re.sub(r"(\t// demoted variable\n\t\.shared [^\n]*\n)+", "\n",
+                              text)
             out[name] = hashlib.sha256(text.encode()).hexdigest()
     return out
-
 
 
 def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
     r"""Say whether a measurement timed the kernels of this build.
 
-    Parameters
-    ----------
-    data : dict
-        A measurement (the JSON of :func:`lnorm.gpu.measure.measure`): its
-        ``source_sha256`` over ``source_files`` and, in newer files,
-        ``ptx_sha256``.
-    ptx_record : dict, optional
-        For an older file without ``ptx_sha256``: ``{"source_sha256": ...,
-        "ptx_sha256": {...}}``, the PTX digests computed later from the
-        sources whose digest the measurement recorded
-        (``book/data/gpu/ptx/<same name>.json``).
-
-    Returns
-    -------
-    str
-        ``"sources"`` if the sources are those measured; ``"ptx"`` if they
-        changed but every kernel measured compiles to the PTX it had (a
-        kernel the measurement recorded that this build no longer has counts
-        only if one of its ``launches`` named it); ``"changed"`` otherwise.
-
-    See Also
-    --------
-    lnorm.gpu.measure.source_digest, lnorm.gpu.measure.ptx_digests : The two digests.
+    ``"sources"``: the same sources; ``"ptx"``: every kernel of this build
+    that the measurement recorded compiles to the PTX it had (either digest
+    of :func:`ptx_digests`; kernels since retired are history and do not
+    count); ``"changed"`` otherwise. ``ptx_record`` gives the digests of an
+    older file that has none.
 
     Examples
     --------
@@ -288,11 +204,11 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
     >>> now = ptx_digests(files)
     >>> kernels_measured(old, {"source_sha256": "0" * 64, "ptx_sha256": now})
     'ptx'
-    >>> gone = {**now, "ln_fwd_retired": "0" * 64}  # a kernel since removed
+    >>> gone = {**now, "ln_fwd_retired": "0" * 64}  # a kernel since retired
     >>> kernels_measured({**old, "ptx_sha256": gone})
     'ptx'
-    >>> timed = [{"kernel_forward": "ln_fwd_retired"}]  # ... that was timed
-    >>> kernels_measured({**old, "ptx_sha256": gone, "launches": timed})
+    >>> edited = {**now, "ln_fwd_warp_f32_v4": "0" * 64}
+    >>> kernels_measured({**old, "ptx_sha256": edited})
     'changed'
     """
     files = data.get("source_files", REGISTER_FILES)
@@ -303,22 +219,11 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
         if ptx_record.get("source_sha256") == data["source_sha256"]:
             recorded = ptx_record["ptx_sha256"]
     if recorded:
-        now = ptx_digests(files)
-        launched = {name for entry in data.get("launches", ())
-                    for name in _launch_kernels(entry)}
-        # A kernel since removed counts only if the measurement timed it.
-        if all(now.get(name) == digest for name, digest in recorded.items()
-               if name in now or name in launched):
+        now, canon = ptx_digests(files), ptx_digests(files, canonical=True)
+        if all(digest in (now[name], canon[name])
+               for name, digest in recorded.items() if name in now):
             return "ptx"
     return "changed"
-
-
-def _launch_kernels(entry: dict) -> set[str]:
-    """The kernels one recorded launch names, of every rung."""
-    names = {v for k, v in entry.items() if k.startswith("kernel_")}
-    for rung in entry.get("rungs", {}).values():
-        names |= {v for k, v in rung.items() if k.startswith("kernel_")}
-    return names
 
 
 def plan_changed(data: dict) -> set[tuple]:
@@ -327,18 +232,6 @@ def plan_changed(data: dict) -> set[tuple]:
     A timing belongs to the kernels *and* to their launch: the grid, the
     block and the strips. This compares each launch the measurement
     recorded (``data["launches"]``) with :func:`plan_launches` today.
-
-    Parameters
-    ----------
-    data : dict
-        A measurement, as :func:`lnorm.gpu.measure.measure` writes it.
-
-    Returns
-    -------
-    set of tuple
-        ``(rows, D, dtype, rung)`` for every rung (``"v4"``, or one of its
-        ``rungs``) whose recorded launch differs from today's plan, or that
-        today's plan no longer makes.
 
     Examples
     --------
@@ -381,25 +274,6 @@ def _header() -> dict:
 def dry_run(reason: str) -> dict:
     r"""Describe what a run would do, without a GPU: the plans of every timed launch.
 
-    Parameters
-    ----------
-    reason : str
-        Why no GPU was used (from :func:`lnorm.gpu.run.available`).
-
-    Returns
-    -------
-    dict
-        The date, :func:`lnorm.gpu.measure.source_digest` with the files it
-        hashed (``source_files``), :func:`lnorm.gpu.measure.ptx_digests`
-        (``ptx_sha256``), the Python and NumPy versions, the host,
-        ``gpu: False``, ``reason`` and ``launches``
-        (:func:`lnorm.gpu.measure.plan_launches`): what ``main`` writes as
-        JSON on a machine without a GPU.
-
-    See Also
-    --------
-    lnorm.gpu.measure.measure : The run with a GPU.
-
     Examples
     --------
     >>> run = dry_run("no GPU here")
@@ -441,7 +315,7 @@ def hold_cycles(host_s: float, repeat: int) -> int:
     """Clock cycles to spin while ``repeat`` calls of ``host_s`` seconds of
     host time each are queued: twice that time, with 50 us a call more, plus
     1 ms, at most a second, at 2.5e9 cycles a second, above any GPU's clock
-    today, so that the spin lasts at least that long. ``benchmarks/peers.py``
+    today, so that the spin lasts at least that long. ``dev/peers.py``
     holds the GPU as long.
 
     >>> hold_cycles(100e-6, 30) / 2.5e9  # 2 * 30 * 150 us + 1 ms
@@ -500,24 +374,6 @@ def copy_yardstick(cp, timer: _Timer) -> dict:
     bytes, timed without flushing L2 (the copy is far larger than any L2);
     the bytes counted are those read plus those written.
 
-    Parameters
-    ----------
-    cp : module
-        CuPy.
-    timer : callable
-        The run's timer: median of CUDA-event timings after warm-up.
-
-    Returns
-    -------
-    dict
-        ``bytes`` (``2 * COPY_BYTES``), the timer's ``median_s``, ``min_s``,
-        ``max_s``, ``repeat``, ``l2_flushed``, and ``bandwidth``
-        (``bytes / median_s``).
-
-    See Also
-    --------
-    lnorm.gpu.model.Device : Its ``bandwidth`` is this yardstick.
-
     Examples
     --------
     >>> 2 * COPY_BYTES / 2**30  # GiB counted per copy: read once, written once
@@ -541,39 +397,15 @@ def _launchable(fused, rows: int, D: int, dtype) -> list[str]:
 
 
 def bit_checks(fused) -> list[dict]:
-    r"""Compare the kernels with the emulation at every checked shape, bit for bit.
+    r"""Compare the kernels with the emulation byte by byte at every checked shape.
 
-    Needs a GPU. The shapes are ``(64, 1)``, ``(3, 2)``,
-    :data:`lnorm.gpu.check.SHAPES` and :data:`lnorm.gpu.check.CLUSTER_SHAPES`,
-    each in every one of
-    :data:`lnorm.gpu.measure.DTYPES`; each output of the forward and the
-    backward is compared byte by byte with :mod:`lnorm.gpu.emulate`, and
-    v3's outputs as :func:`lnorm.gpu.check.atomic_check` says.
-
-    Parameters
-    ----------
-    fused : lnorm.gpu.run.FusedLayerNorm
-        The kernels.
-
-    Returns
-    -------
-    list of dict
-        Per shape and dtype: ``rows``, ``D``, ``dtype``, ``bytes_differing``
-        (per output) and ``equal``; where the row fits in registers, ``v3``
-        (:func:`lnorm.gpu.check.atomic_check` of the backward with atomics);
-        and where v5 takes the shape and this GPU can launch it (rows past
-        registers too, :func:`lnorm.gpu.kernels.rungs_for`), ``v5_equal``
-        (v5's forward and backward, bit for bit).
-
-    See Also
-    --------
-    lnorm.gpu.check.forward_backward : Runs each side.
+v3's as :func:`lnorm.gpu.check.atomic_check` compares them.
 
     Examples
     --------
     >>> from lnorm.gpu import check
-    >>> len(((64, 1), (3, 2), *check.SHAPES, *check.CLUSTER_SHAPES)) * len(DTYPES)
-    48
+    >>> len(((64, 1), (3, 2), *check.SHAPES, *LONG_SHAPES)) * len(DTYPES)
+    26
     >>> from lnorm.gpu.run import FusedLayerNorm, available
     >>> if available()[0]:  # a GPU: every bit equal
     ...     assert all(c["equal"] for c in bit_checks(FusedLayerNorm()))
@@ -585,7 +417,7 @@ def bit_checks(fused) -> list[dict]:
                 for k in want}
 
     out = []
-    for rows, D in ((64, 1), (3, 2), *check.SHAPES, *check.CLUSTER_SHAPES):
+    for rows, D in ((64, 1), (3, 2), *check.SHAPES, *LONG_SHAPES):
         for dtype in DTYPES:
             inp = check.make_inputs(rows, D, dtype, seed=rows + D)
             diff = differing(inp, "v4")
@@ -608,27 +440,6 @@ def offset_sweep(run, D: int = 1024, rows: int = 64,
     The errors of ``y``, ``dx``, ``dgamma``, ``dbeta`` are those of
     :func:`lnorm.gpu.check.relative_errors`. Runs on any implementation, the
     NumPy emulation included.
-
-    Parameters
-    ----------
-    run : (callable, callable)
-        ``(forward, backward)``, as for
-        :func:`lnorm.gpu.check.forward_backward`.
-    D : int, default 1024
-        Row length.
-    rows : int, default 64
-        Number of rows.
-    offsets : sequence of float, default (0.0, 1e2, 1e3, 1e4, 1e5, 1e6)
-        The shifts.
-
-    Returns
-    -------
-    list of dict
-        Per offset: ``offset`` and the four relative errors.
-
-    See Also
-    --------
-    lnorm.gpu.check.offset_errors : The same for ``y`` and ``dx``, other scales.
 
     Examples
     --------
@@ -656,44 +467,9 @@ def offset_sweep(run, D: int = 1024, rows: int = 64,
 
 def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
                rungs=("v1", "v3", "v4", "v5")) -> list[dict]:
-    r"""Time every rung at every shape: seconds, and bandwidth of the bytes moved.
+    r"""Time every rung's forward and backward at every shape.
 
-    Needs a GPU. For each entry of :func:`lnorm.gpu.measure.plan_launches`,
-    the forward and the backward of each rung (``"v1"``: the op-by-op CuPy
-    version; ``"v4"``: the fused kernels, where the plan takes the shape;
-    ``"v3"``: the backward with atomics, up to ``max_D()``, whose forward is
-    v4's and is not timed again; ``"v5"``: the forward and the backward of
-    strips of rows with the next rows prefetched and a block's row groups
-    adding their column sums first, where :func:`lnorm.gpu.kernels.rungs_for`
-    has it), each with L2
-    flushed before every call
-    when the op moves fewer than :data:`lnorm.gpu.measure.L2_FLUSH_BELOW`
-    bytes.
-
-    Parameters
-    ----------
-    cp : module
-        CuPy.
-    fused : lnorm.gpu.run.FusedLayerNorm
-        The kernels.
-    timer : callable
-        The run's timer: median of CUDA-event timings after warm-up.
-    shapes : sequence of (int, int), default SHAPES
-        ``(rows, D)`` pairs.
-    dtypes : sequence of str, default DTYPES
-        Storage types.
-    rungs : tuple of str, default ("v1", "v3", "v4", "v5")
-        Which versions to time.
-
-    Returns
-    -------
-    list of dict
-        Per rung, direction, shape and dtype: ``bytes``, the timer's fields
-        and ``bandwidth`` (``bytes / median_s``).
-
-    See Also
-    --------
-    lnorm.gpu.run.benchmark : One shape, with ``cuda_time``.
+L2 is flushed before every call of an op under :data:`L2_FLUSH_BELOW` bytes.
 
     Examples
     --------
@@ -745,22 +521,6 @@ def time_shapes(cp, fused, timer: _Timer, shapes=SHAPES,
 
     Needs a GPU.
 
-    Parameters
-    ----------
-    cp, fused, timer, shapes, rungs
-        As :func:`lnorm.gpu.measure.time_rungs` takes them.
-
-    Returns
-    -------
-    dict
-        ``copy`` (:func:`copy_yardstick`) and ``timings``
-        (:func:`time_rungs`, each with ``copy_share``).
-
-    See Also
-    --------
-    lnorm.gpu.measure.measure : Calls it at :data:`SHAPES`;
-        ``benchmarks/gpu_session.sh`` at the long rows too.
-
     Examples
     --------
     >>> from lnorm.gpu.run import available
@@ -785,27 +545,6 @@ def large_rows_check(cp, fused, rows: int = 524_800, D: int = 4096) -> dict:
     last 32 rows are compared bit for bit with the emulation (each row
     depends on itself alone); ``dbeta`` with a float64 sum of ``dy`` over all
     rows.
-
-    Parameters
-    ----------
-    cp : module
-        CuPy.
-    fused : lnorm.gpu.run.FusedLayerNorm
-        The kernels.
-    rows : int, default 524800
-        Number of rows.
-    D : int, default 4096
-        Row length.
-
-    Returns
-    -------
-    dict
-        ``rows``, ``D``, ``elements``, ``dtype``, ``y_sampled_rows_equal``,
-        ``dx_sampled_rows_equal`` and ``dbeta_relative_error``.
-
-    See Also
-    --------
-    lnorm.gpu.measure.bit_checks : Every element, at smaller shapes.
 
     Examples
     --------
@@ -840,37 +579,14 @@ def large_rows_check(cp, fused, rows: int = 524_800, D: int = 4096) -> dict:
 def launch_only(fused) -> int:
     r"""Launch every kernel once at awkward shapes (for ``compute-sanitizer``).
 
-    Needs a GPU. Forward and backward at no rows, one element, rows shorter
-    than a vector, :data:`lnorm.gpu.check.SHAPES` and
-    :data:`lnorm.gpu.check.CLUSTER_SHAPES`, in every dtype of
-    :data:`lnorm.gpu.measure.DTYPES`, and the backward of v3 where the row
-    fits in registers, and v5's forward and backward where v5 takes the shape
-    and this GPU can launch it; nothing is compared: the sanitizer watches the
-    memory accesses.
-
-    Parameters
-    ----------
-    fused : lnorm.gpu.run.FusedLayerNorm
-        The kernels.
-
-    Returns
-    -------
-    int
-        Forward-backward pairs launched (v4; v3's and v5's launches not
-        counted).
-
-    See Also
-    --------
-    lnorm.gpu.measure.main : ``--launch-only`` runs this.
-
     Examples
     --------
     >>> from lnorm.gpu import check
     >>> from lnorm.gpu.run import FusedLayerNorm, available
-    >>> shapes = ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES, *check.CLUSTER_SHAPES)
+    >>> shapes = ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES, *LONG_SHAPES)
     >>> n = len(shapes) * len(DTYPES)
     >>> n
-    52
+    30
     >>> if available()[0]:  # a GPU: that many pairs launched
     ...     assert launch_only(FusedLayerNorm()) == n
     """
@@ -878,7 +594,7 @@ def launch_only(fused) -> int:
 
     n = 0
     for rows, D in ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES,
-                    *check.CLUSTER_SHAPES):
+                    *LONG_SHAPES):
         for dtype in DTYPES:
             inp = check.make_inputs(rows, D, dtype, seed=1)
             out = check.forward_backward(fused.forward, fused.backward, inp)
@@ -897,35 +613,9 @@ def launch_only(fused) -> int:
 def measure(*, repeat: int = 20, quick: bool = False, large: bool = True) -> dict:
     r"""Run everything on the GPU: versions, bit checks, offset sweep, copy, timings.
 
-    Needs a GPU: the first thing it does is build
-    :class:`lnorm.gpu.run.FusedLayerNorm`, which refuses without one.
-
-    Parameters
-    ----------
-    repeat : int, default 20
-        Timed calls per measurement (the median is kept).
-    quick : bool, default False
-        Time only the first two of :data:`lnorm.gpu.measure.SHAPES`, and skip
-        the large-row check.
-    large : bool, default True
-        Run :func:`lnorm.gpu.measure.large_rows_check`.
-
-    Returns
-    -------
-    dict
-        The header of :func:`lnorm.gpu.measure.dry_run` with ``gpu: True``,
-        the device and versions, ``launches``, ``bit_checks``,
-        ``offset_sweep`` (for ``v4``, the emulation and ``v1``), ``copy``,
-        ``timings`` (each with its ``copy_share``), and ``large_rows``.
-
-    Raises
-    ------
-    RuntimeError
-        If there is no usable CUDA device.
-
-    See Also
-    --------
-    lnorm.gpu.measure.main : The command line around it.
+    ``repeat`` timed calls a measurement (the median is kept); ``quick`` times
+    only the first two shapes and skips :func:`large_rows_check`, which
+    ``large=False`` skips too. Refuses (``RuntimeError``) without a GPU.
 
     Examples
     --------
@@ -968,21 +658,6 @@ def main(argv=None) -> int:
     JSON to ``--out``, or ``--launch-only``, or ``--profile ROWS D DTYPE``.
     Without one: a dry run (:func:`lnorm.gpu.measure.dry_run`) written to
     ``--out``; ``--launch-only`` and ``--profile`` exit with status 2.
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        The arguments; default ``sys.argv[1:]``.
-
-    Returns
-    -------
-    int
-        The exit status: 0, or 2 for a GPU-only mode on a machine without a
-        GPU.
-
-    See Also
-    --------
-    lnorm.gpu.run.available : Which of the two runs is made.
 
     Examples
     --------

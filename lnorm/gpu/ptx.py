@@ -1,15 +1,12 @@
 r"""Read PTX: which instructions touch global memory, for which argument, how wide.
 
-PTX is the virtual instruction set NVRTC emits. Each global load or store in
-it is one instruction per thread per access, so counting them (and their
-widths) shows how often each tensor is read or written. Registers are virtual
-in PTX; ``ptxas`` (shipped in the ``nvidia-cuda-nvcc-cu12`` wheel) assigns the
-real ones and reports registers and spills.
-
-A load or store is attributed to the kernel argument its address comes from,
-by following the address register back to the ``ld.param.u64`` that loaded the
-pointer: address arithmetic only ever adds offsets to one pointer. The chapter "One
-kernel: fused layer norm on the GPU" reads the kernels this way.
+PTX is the virtual instruction set NVRTC emits: each global load or store is
+one instruction per thread per access, so counting them (and their widths)
+shows how often each tensor is read or written. A load or store is
+attributed to the kernel argument its address comes from, by following the
+address register back to the ``ld.param.u64`` that loaded the pointer.
+``ptxas`` (in the pinned ``nvidia-cuda-nvcc-cu12`` wheel) assigns the real
+registers and reports them, with spills and shared memory.
 
 Examples
 --------
@@ -60,28 +57,6 @@ _REG = re.compile(r"%\w+")
 class MemoryOp:
     r"""Describe one global load or store instruction.
 
-    Attributes
-    ----------
-    kind : {"ld", "st", "cp"}
-        A load, a store, or an asynchronous copy from global to shared
-        memory (``cp.async``: a load that lands in shared memory).
-    argument : str
-        The kernel argument the address derives from (``"?"`` if not exactly one).
-    vector : int
-        Elements moved by the instruction (1, 2, 4 or 8, from ``.v2``,
-        ``.v4``, ``.v8``; 1 for a copy).
-    bits : int
-        Bits per element (16 or 32; a copy's whole size, 32 to 128).
-    in_loop : bool
-        Inside a loop of the PTX (between a label and a later branch back to it).
-    offset : int
-        The constant byte offset of the address (``[%rd2+512]``: 512; 0 if
-        none).
-
-    See Also
-    --------
-    lnorm.gpu.ptx.KernelPTX.ops : Selects them.
-
     Examples
     --------
     >>> op = MemoryOp("ld", "x", vector=4, bits=32, in_loop=False, offset=0)
@@ -102,15 +77,6 @@ class MemoryOp:
 
         ``vector * bits / 8``.
 
-        Returns
-        -------
-        int
-            1 to 16 for the instructions PTX has.
-
-        See Also
-        --------
-        lnorm.gpu.ptx.KernelPTX.per_argument : Sums these per argument.
-
         Examples
         --------
         >>> # 8 float16 stored as four 32-bit words, as the kernels' PTX has it
@@ -125,34 +91,6 @@ class KernelPTX:
     r"""Hold what the PTX of one kernel says about memory traffic and synchronization.
 
     Made by :func:`lnorm.gpu.ptx.inspect_ptx`.
-
-    Attributes
-    ----------
-    name : str
-    params : tuple of str
-        Argument names, in order.
-    param_types : tuple of str
-        Their PTX types: ``"u64"`` for a pointer, ``"u32"`` for an int,
-        ``"f32"`` for a float.
-    memory_ops : tuple of MemoryOp
-        Every global load and store, and every ``cp.async`` copy from
-        global memory.
-    shared_bytes : int
-        Static shared memory the kernel uses.
-    local_bytes : int
-        Thread-local memory it declares (0 unless an array could not live in registers).
-    max_threads : int or None
-        The block-size bound from ``__launch_bounds__`` (``.maxntid``).
-    opcodes : Counter
-        How many times each opcode occurs.
-    lines : tuple of str
-        The body, one line each (declarations, labels, instructions), guards
-        (``@%p1``) removed.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.inspect_ptx : Makes one per kernel.
-    lnorm.gpu.ptx.PtxasUsage : Registers and spills, from ``ptxas``.
 
     Examples
     --------
@@ -185,24 +123,6 @@ class KernelPTX:
     ) -> list[MemoryOp]:
         r"""Select the loads or stores, optionally of one argument, in loops or not.
 
-        Parameters
-        ----------
-        kind : {"ld", "st", "cp"}
-            Loads, stores or asynchronous copies into shared memory.
-        argument : str, optional
-            Only those whose address derives from this kernel argument.
-        in_loop : bool, optional
-            Only those inside (True) or outside (False) a loop of the PTX.
-
-        Returns
-        -------
-        list of MemoryOp
-            In the order of the PTX.
-
-        See Also
-        --------
-        lnorm.gpu.ptx.KernelPTX.per_argument : Counts them per argument.
-
         Examples
         --------
         >>> from lnorm.gpu.kernels import compile_ptx, kernel_params
@@ -225,23 +145,6 @@ class KernelPTX:
     ) -> dict[str, tuple[int, int]]:
         r"""Count what one thread loads or stores of each argument.
 
-        Parameters
-        ----------
-        kind : {"ld", "st", "cp"}
-            Loads, stores or asynchronous copies into shared memory.
-        in_loop : bool, optional
-            Only those inside (True) or outside (False) a loop of the PTX.
-
-        Returns
-        -------
-        dict of str to (int, int)
-            ``{argument: (instructions, bytes)}``, per thread; ``"?"`` for
-            addresses not derived from exactly one argument.
-
-        See Also
-        --------
-        lnorm.gpu.ptx.KernelPTX.ops : The instructions themselves.
-
         Examples
         --------
         >>> from lnorm.gpu.kernels import compile_ptx, kernel_params
@@ -263,21 +166,6 @@ class KernelPTX:
 
     def count(self, prefix: str) -> int:
         r"""Count the instructions whose opcode starts with ``prefix``.
-
-        Parameters
-        ----------
-        prefix : str
-            The start of an opcode, e.g. ``"shfl"``, ``"atom"``, ``"fma"``,
-            ``"bar.sync"``.
-
-        Returns
-        -------
-        int
-            Occurrences in the PTX text (not executions).
-
-        See Also
-        --------
-        lnorm.gpu.ptx.KernelPTX.ops : Global loads and stores in detail.
 
         Examples
         --------
@@ -418,21 +306,6 @@ def _inspect_entry(
 def entries(ptx: str) -> dict[str, str]:
     r"""Split a PTX module into its kernels: ``{name: the entry's text}``.
 
-    Parameters
-    ----------
-    ptx : str
-        PTX text, e.g. from :func:`lnorm.gpu.kernels.compile_ptx`.
-
-    Returns
-    -------
-    dict of str to str
-        Each ``.visible .entry`` from its first line to its closing brace, in
-        the order of the PTX.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.inspect_ptx : What is inside each entry.
-
     Examples
     --------
     >>> ptx = ".visible .entry f(.param .u64 a)\n{\nret;\n}\n"
@@ -445,32 +318,11 @@ def entries(ptx: str) -> dict[str, str]:
 def inspect_ptx(
     ptx: str, params: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, KernelPTX]:
-    r"""Inspect every kernel of a PTX module.
+    r"""Inspect every kernel of a PTX module: ``{kernel name: KernelPTX}``.
 
-    Parameters
-    ----------
-    ptx : str
-        PTX text, e.g. from :func:`lnorm.gpu.kernels.compile_ptx`.
-    params : dict, optional
-        ``{kernel: argument names}`` (from
-        :func:`lnorm.gpu.kernels.kernel_params`) to name arguments as the CUDA
-        source does; otherwise PTX names are used.
-
-    Returns
-    -------
-    dict of str to KernelPTX
-        ``{kernel name: KernelPTX}``, in the order of the PTX.
-
-    Raises
-    ------
-    ValueError
-        If ``params`` gives a kernel a different number of names than its PTX
-        parameters.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.inspect_kernels : All the kernel files at once.
-    lnorm.gpu.kernels.compile_ptx : Makes the PTX.
+    ``params`` (``{kernel: argument names}``, :func:`lnorm.gpu.kernels.kernel_params`)
+    names the arguments as the CUDA source does; it must give each kernel as many
+    names as its PTX has parameters (else ``ValueError``).
 
     Examples
     --------
@@ -509,15 +361,6 @@ def inspect_ptx(
 def ptxas_path() -> Path | None:
     r"""Find ``ptxas`` in the ``nvidia-cuda-nvcc-cu12`` wheel.
 
-    Returns
-    -------
-    pathlib.Path or None
-        The executable, or None if that wheel is absent.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.ptxas_usage : Runs it.
-
     Examples
     --------
     >>> exe = ptxas_path()
@@ -539,22 +382,6 @@ def ptxas_path() -> Path | None:
 class PtxasUsage:
     r"""Hold what ``ptxas -v`` reports for one kernel on one architecture.
 
-    Attributes
-    ----------
-    registers : int
-        Registers per thread.
-    spill_stores, spill_loads : int
-        Bytes spilled to local memory and loaded back (0 for these kernels).
-    stack_frame : int
-        Bytes of stack per thread.
-    shared_bytes : int
-        Static shared memory per block.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.ptxas_usage : Makes one per kernel.
-    lnorm.gpu.model.occupancy : What the registers allow per SM.
-
     Examples
     --------
     >>> u = PtxasUsage(registers=40, spill_stores=0, spill_loads=0, stack_frame=0,
@@ -572,28 +399,6 @@ class PtxasUsage:
 
 def ptxas_usage(ptx: str, arch: str = "sm_90") -> dict[str, PtxasUsage]:
     r"""Assemble PTX with ``ptxas -v``; registers, spills and shared memory per kernel.
-
-    Parameters
-    ----------
-    ptx : str
-        A PTX module, e.g. from :func:`lnorm.gpu.kernels.compile_ptx`.
-    arch : str, default "sm_90"
-        The architecture ``ptxas`` assembles for.
-
-    Returns
-    -------
-    dict of str to PtxasUsage
-        ``{kernel name: PtxasUsage}``.
-
-    Raises
-    ------
-    RuntimeError
-        If ``ptxas`` is not available (:func:`lnorm.gpu.ptx.ptxas_path`
-        returns None) or fails.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.inspect_kernels : Runs this on every kernel file.
 
     Examples
     --------
@@ -664,36 +469,12 @@ def inspect_kernels(
 ) -> tuple[dict[str, KernelPTX], dict[str, PtxasUsage] | None]:
     r"""Compile every kernel file for ``arch`` with NVRTC and inspect the result.
 
-    Parameters
-    ----------
-    arch : str, default "sm_90"
-        Target, as ``"sm_XY"``.
-
-    Returns
-    -------
-    reports : dict
-        ``{kernel: KernelPTX}`` over all of :data:`lnorm.gpu.kernels.KERNEL_FILES`,
-        arguments named as in the CUDA source.
-    usage : dict or None
-        ``{kernel: PtxasUsage}`` from ``ptxas -v``, or None where ptxas is
-        absent.
-
-    Raises
-    ------
-    RuntimeError
-        If NVRTC cannot be loaded or fails, or ``ptxas`` fails.
-
-    See Also
-    --------
-    lnorm.gpu.ptx.inspect_ptx : One PTX module.
-    lnorm.gpu.ptx.ptxas_usage : One ``ptxas`` run.
-
     Examples
     --------
     >>> reports, usage = inspect_kernels()
     >>> with_atomics = {name for name, k in reports.items() if k.count("atom")}
     >>> len(reports), with_atomics == {name for name in reports if "_atomic_" in name}
-    (88, True)
+    (41, True)
     >>> usage is None or set(usage) == set(reports)
     True
     """

@@ -1,12 +1,15 @@
-r"""Run, check and time the kernels on a GPU through CuPy.
+r"""Run and time the kernels on a GPU through CuPy.
 
-Everything here but :func:`lnorm.gpu.run.available` and the op-by-op
-versions (which also run on NumPy arrays) needs a CUDA device; each such
-entry point checks :func:`lnorm.gpu.run.available` first and raises
-``RuntimeError`` with the reason when there is none, so nothing is ever
-launched on a CPU machine. CuPy is imported inside the functions: importing
-this module needs no CUDA. The chapter "One kernel: fused layer norm on the
-GPU" sets the kernels against the op-by-op version.
+Everything here but :func:`available` and the op-by-op versions (which also
+run on NumPy arrays) needs a CUDA device, and raises ``RuntimeError`` with the
+reason where there is none. CuPy is imported inside the functions: importing
+this module needs no CUDA.
+
+The forward and backward take and return what :func:`lnorm.gpu.emulate.forward`
+and :func:`lnorm.gpu.emulate.backward` do (host or device arrays in, CuPy
+arrays out), refuse what :func:`lnorm.gpu.kernels.check_forward_args` and
+``check_backward_args`` refuse, and raise ``RuntimeError`` for a v5 launch
+whose prefetch buffers need more shared memory than the device allows.
 
 Examples
 --------
@@ -36,7 +39,6 @@ from .kernels import (
     KERNEL_FILES,
     check_backward_args,
     check_forward_args,
-    cluster_blocks,
     compile_binary,
     kernel_params,
     plan,
@@ -59,18 +61,6 @@ def available() -> tuple[bool, str]:
 
     Never raises: every failure to import CuPy or to reach a device becomes
     the reason.
-
-    Returns
-    -------
-    ok : bool
-        True with a usable CUDA device.
-    reason : str
-        The device's name if ``ok``; otherwise why not: CuPy missing, or no
-        device or driver.
-
-    See Also
-    --------
-    lnorm.gpu.host.available : Whether the kernels can run on the CPU.
 
     Examples
     --------
@@ -103,32 +93,18 @@ def _require_gpu():
 
 
 class FusedLayerNorm:
-    r"""Run the fused forward and backward kernels, compiled for the current device.
+    r"""The fused kernels, compiled for the current device by NVRTC.
 
-    Each kernel file is compiled by NVRTC with exactly the source and options
-    that :func:`lnorm.gpu.kernels.compile_ptx` inspects
-    (:func:`lnorm.gpu.kernels.compile_binary`), and the binary is loaded with
-    ``cupy.RawModule(path=...)``. The launches follow
-    :func:`lnorm.gpu.kernels.plan`, so the results equal
-    :mod:`lnorm.gpu.emulate` bit for bit.
-
-    Raises
-    ------
-    RuntimeError
-        On construction, if there is no usable CUDA device.
-
-    See Also
-    --------
-    lnorm.gpu.emulate.forward : The same arithmetic in NumPy.
-    lnorm.gpu.host.HostLayerNorm : The same CUDA source run on the CPU.
+    The source and options are those :func:`lnorm.gpu.kernels.compile_ptx`
+    inspects; the launches follow :func:`lnorm.gpu.kernels.plan`, so the results
+    equal :mod:`lnorm.gpu.emulate` bit for bit.
 
     Examples
     --------
     >>> from lnorm.gpu import emulate
     >>> from lnorm.gpu.check import forward_backward, make_inputs
     >>> inp = make_inputs(64, 7, "float32")
-    >>> ok, _ = available()
-    >>> if ok:  # a GPU: the kernels equal the emulation, bit for bit
+    >>> if available()[0]:  # a GPU: the kernels equal the emulation, bit for bit
     ...     fused = FusedLayerNorm()
     ...     got = forward_backward(fused.forward, fused.backward, inp)
     ...     want = forward_backward(emulate.forward, emulate.backward, inp)
@@ -152,10 +128,8 @@ class FusedLayerNorm:
                 path.write_bytes(binary)
                 module = cp.RawModule(path=str(path))
                 # get_function loads the module now, while the file exists.
-                # Kernels of thread block clusters exist from sm_90 on.
                 for name in kernel_params(filename):
-                    if cluster_blocks(name) == 1 or cc >= 90:
-                        self._functions[name] = module.get_function(name)
+                    self._functions[name] = module.get_function(name)
 
     def _as_device(self, a, dtype=None):
         """A C-contiguous device array, 16-byte aligned (vector loads need it)."""
@@ -166,48 +140,10 @@ class FusedLayerNorm:
         return a
 
     def forward(self, x, gamma, beta, eps: float = 1e-5, *, rung: str = "v4") -> tuple:
-        r"""Run the fused forward: ``y = gamma * (x - mean) * rstd + beta``, last axis.
+        r"""Run the fused forward: one launch of the plan's kernel.
 
-        One launch of the kernel :meth:`lnorm.gpu.kernels.LaunchPlan.kernel`
-        names. The mean is returned in two halves, ``mean_hi + mean_lo`` (see
-        :func:`lnorm.gpu.emulate.forward`).
-
-        Parameters
-        ----------
-        x : array, shape (..., D), float32 or float16 (host or device)
-            The input.
-        gamma, beta : array, shape (D,), the dtype of ``x``
-            Scale and shift.
-        eps : float, default 1e-5
-            Added to the variance.
-        rung : {"v4", "v3", "v5"}, default "v4"
-            Whose forward kernel (:data:`lnorm.gpu.kernels.RUNGS`): v5's takes
-            strips of rows and prefetches the next row
-            (:meth:`lnorm.gpu.kernels.LaunchPlan.forward_launch`); v3's is v4's.
-            They make the same arithmetic in the same order, so the bits do
-            not depend on the rung (checked on the CPU, predicted here).
-
-        Returns
-        -------
-        y : cupy.ndarray, shape and dtype of ``x``
-            The output.
-        mean_hi, mean_lo, rstd : cupy.ndarray, float32, shape ``x.shape[:-1]``
-            The row statistics the backward takes.
-
-        Raises
-        ------
-        ValueError, TypeError
-            Arguments :func:`lnorm.gpu.kernels.check_forward_args` refuses.
-        RuntimeError
-            A v5 launch whose prefetch buffers need more shared memory per
-            block than the device allows (none on an A100 or an H100: the
-            largest, the float32 forward of rows past ``max_D()``, takes
-            144 KiB).
-
-        See Also
-        --------
-        lnorm.gpu.run.FusedLayerNorm.backward : The backward.
-        lnorm.gpu.run.unfused_forward : The op-by-op version.
+        ``rung`` picks the kernel: v4's, but v5's own for long float16 rows (the same
+        arithmetic in the same order: the same bits).
 
         Examples
         --------
@@ -235,26 +171,9 @@ class FusedLayerNorm:
     def takes(self, rows: int, D: int, dtype, rung: str = "v4") -> bool:
         r"""Say whether this device can launch a rung's kernels at a shape.
 
-        The plan takes the shape (:func:`lnorm.gpu.kernels.rungs_for`), and
-        the device gives each kernel the shared memory it needs: v5's
+        The device must give each kernel the shared memory it needs: v5's
         prefetch buffers may need more than a GPU allows (on an A100, the
-        float32 backward of rows past ``max_D()``), and v5's kernels of
-        clusters, for rows past :func:`lnorm.gpu.kernels.max_D_block`, need
-        sm_90 or later.
-
-        Parameters
-        ----------
-        rows, D : int
-            The shape.
-        dtype : dtype-like
-            float32 or float16.
-        rung : {"v4", "v3", "v5"}, default "v4"
-            The kernels.
-
-        Returns
-        -------
-        bool
-            Whether :meth:`forward` and :meth:`backward` launch there.
+        float32 backward of rows past ``max_D()``).
 
         Examples
         --------
@@ -276,11 +195,6 @@ class FusedLayerNorm:
         return shared + getattr(self._functions[name], "shared_size_bytes", 0)
 
     def _launch(self, name: str, grid, block, args, shared: int) -> None:
-        if name not in self._functions:
-            raise RuntimeError(
-                f"{name} runs its blocks in clusters, which this GPU lacks (sm_90 "
-                "and later have them); rung='v4' takes this shape without them."
-            )
         kernel = self._functions[name]
         needed = self._shared_needed(name, shared)
         if needed > self._shared_limit:
@@ -296,72 +210,25 @@ class FusedLayerNorm:
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
                  rung: str = "v4", second_stage: bool = True,
                  rows_per_group: int | None = None) -> tuple:
-        r"""Run the fused backward, then the deterministic reduction of dgamma, dbeta.
+        r"""Run the fused backward, then the fixed-order reduction of dgamma and dbeta.
 
-        Two launches: the backward kernel writes ``dx`` and the
-        ``(partial_rows, D)`` partial sums, ``ln_bwd_reduce_params`` (v5:
-        ``ln_bwd_reduce_params_wide``) adds them in a fixed order (no
-        atomics). With ``rung="v3"``, the ladder's v3:
-        zero ``dgamma`` and ``dbeta``, and one kernel adds every group's column
-        sums into them with ``atomicAdd``, in the order the groups finish.
-
-        Parameters
-        ----------
-        dy, x : array, shape (..., D), float32 or float16 (host or device)
-            The upstream gradient and the forward's input, one dtype.
-        gamma : array, shape (D,), the dtype of ``x``
-            The scale.
-        mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
-            As :meth:`lnorm.gpu.run.FusedLayerNorm.forward` returns them.
-        rung : {"v4", "v3", "v5"}, default "v4"
-            The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`; which take
-            which rows: :func:`lnorm.gpu.kernels.rungs_for`). v3's ``dx`` has
-            v4's bits, its ``dgamma`` and ``dbeta`` may differ in their last
-            bits from run to run; v5's equal :mod:`lnorm.gpu.emulate`'s.
-        second_stage : bool, default True
-            False (v4, v5): stop after the backward kernel and return its
-            partial rows instead of dgamma and dbeta, as
-            :meth:`lnorm.gpu.host.HostLayerNorm.backward` does.
-        rows_per_group : int, optional
-            The backward's strip, if not the plan's
-            (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`): ``dx`` is the
-            same, ``dgamma`` and ``dbeta`` follow the strip's order. For tests
-            and experiments; the plan's strips are the fast ones.
-
-        Returns
-        -------
-        dx : cupy.ndarray, shape and dtype of ``x``
-            The gradient of the input.
-        dgamma, dbeta : cupy.ndarray, float32, shape (D,)
-            The gradients of the scale and shift; with ``second_stage=False``
-            the ``(partial_rows, D)`` partial rows
-            (:func:`lnorm.gpu.emulate.column_partials`).
-
-        Raises
-        ------
-        ValueError, TypeError
-            Arguments :func:`lnorm.gpu.kernels.check_backward_args` refuses;
-            ``second_stage=False`` with v3, which has none.
-        RuntimeError
-            A v5 launch whose prefetch buffers need more shared memory per
-            block than the device allows (on an A100, the float32 backward
-            of rows past ``max_D()``).
-
-        See Also
-        --------
-        lnorm.gpu.emulate.backward : The same arithmetic in NumPy.
-        lnorm.gpu.run.unfused_backward : The op-by-op version.
+        Two launches (v4, v5): the backward kernel writes ``dx`` and the partial
+        sums, the second stage adds them in a fixed order. v3: one kernel adds every
+        group's column sums into zeroed ``dgamma`` and ``dbeta`` with ``atomicAdd``,
+        in the order the groups finish. ``second_stage=False`` (v4, v5) returns the
+        partial rows instead (:func:`lnorm.gpu.emulate.column_partials`);
+        ``rows_per_group`` launches other strips
+        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`).
 
         Examples
         --------
-        >>> from lnorm.gpu import emulate
         >>> from lnorm.gpu.kernels import plan
         >>> p = plan(5000, 64, "float16")  # the launches the call makes
         >>> p.kernel("backward"), p.backward_grid, p.row_groups
         ('ln_bwd_warp_f16_v8', 79, 313)
         >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
         >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
-        >>> if available()[0]:  # a GPU: the kernels equal the emulation
+        >>> if available()[0]:  # a GPU: the column sums of dy
         ...     fused = FusedLayerNorm()
         ...     stats = fused.forward(x, g, b)[1:]
         ...     dx, dgamma, dbeta = fused.backward(np.ones_like(x), x, g, *stats)
@@ -372,7 +239,7 @@ class FusedLayerNorm:
             self._as_device(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd))
         p = check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd, rung=rung,
                                 rows_per_group=rows_per_group)
-        if not second_stage and rung == "v3":
+        if not second_stage and p.rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
         dx = cp.empty_like(x)
         if p.rows == 0:  # sums over no rows (no partial rows)
@@ -381,7 +248,7 @@ class FusedLayerNorm:
                     cp.zeros(shape, dtype=cp.float32))
         name, grid, block, ints = p.backward_launch()
         ins = (dy, x, gamma, mean_hi, mean_lo, rstd, dx)
-        if rung == "v3":  # into dgamma and dbeta, which start at zero
+        if p.rung == "v3":  # into dgamma and dbeta, which start at zero
             dgamma = cp.zeros(p.D, dtype=cp.float32)
             dbeta = cp.zeros(p.D, dtype=cp.float32)
             self._functions[name](grid, block, (*ins, dgamma, dbeta, *ints))
@@ -413,28 +280,6 @@ def unfused_forward(x, gamma, beta, eps: float = 1e-5) -> tuple:
     on the CPU (NumPy arrays) and one full-size temporary per operator, the
     ``"numpy"`` schedule of :mod:`lnorm.cost`. Needs no GPU for NumPy input.
 
-    Parameters
-    ----------
-    x : array, shape (..., D), NumPy or CuPy
-        The input.
-    gamma, beta : array, shape (D,)
-        Scale and shift.
-    eps : float, default 1e-5
-        Added to the variance.
-
-    Returns
-    -------
-    y : array, shape and dtype of ``x``
-        The output.
-    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
-        As the fused backward takes them; ``mean_lo`` is zero (a plain
-        float32 mean).
-
-    See Also
-    --------
-    lnorm.gpu.run.FusedLayerNorm.forward : The fused kernel.
-    lnorm.cost.numpy_program : The op-by-op program and its traffic.
-
     Examples
     --------
     >>> x = np.float32(1e4) + np.arange(8, dtype=np.float32).reshape(1, 8)
@@ -458,26 +303,6 @@ def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
     :func:`lnorm.core.backward_formula` on float32 arrays: the program
     :func:`lnorm.cost.numpy_program` counts for ``saved="x_mean_rstd"``.
     Needs no GPU for NumPy input.
-
-    Parameters
-    ----------
-    dy, x : array, shape (..., D), NumPy or CuPy
-        The upstream gradient and the forward's input.
-    gamma : array, shape (D,)
-        The scale.
-    mean_hi, mean_lo, rstd : array, float32, shape ``x.shape[:-1]``
-        The row statistics, e.g. from :func:`lnorm.gpu.run.unfused_forward`.
-
-    Returns
-    -------
-    dx : array, shape and dtype of ``x``
-        The gradient of the input.
-    dgamma, dbeta : array, float32, shape (D,)
-        The gradients of the scale and shift.
-
-    See Also
-    --------
-    lnorm.gpu.run.FusedLayerNorm.backward : The fused kernels.
 
     Examples
     --------
@@ -509,33 +334,6 @@ def cuda_time(
     host overhead between calls is hidden when the calls are long enough);
     the median over ``repeat`` such batches is returned. The warm-up calls
     load the kernels and fill CuPy's memory pool first.
-
-    Parameters
-    ----------
-    fn : callable
-        What to time; it launches work on the current stream.
-    *args
-        Its arguments.
-    number : int, default 10
-        Calls per timed batch.
-    repeat : int, default 5
-        Batches.
-    warmup : int, default 2
-        Untimed calls first.
-
-    Returns
-    -------
-    float
-        The median over batches of the batch time divided by ``number``.
-
-    Raises
-    ------
-    RuntimeError
-        If there is no usable CUDA device.
-
-    See Also
-    --------
-    lnorm.gpu.run.benchmark : Times the fused and op-by-op versions.
 
     Examples
     --------
@@ -570,23 +368,6 @@ class DeviceInfo:
 
     Made by :func:`lnorm.gpu.run.device_info`.
 
-    Attributes
-    ----------
-    name : str
-        The device's name, as the driver reports it.
-    compute_capability : str
-        E.g. ``"90"`` for an H100.
-    sm_count : int
-        Streaming multiprocessors.
-    peak_bandwidth : float or None
-        ``2 (double data rate) x memory clock x bus width / 8`` bytes per
-        second, from the device's own attributes; None if the driver does not
-        report them.
-
-    See Also
-    --------
-    lnorm.gpu.model.Device : What the time model assumes of a GPU.
-
     Examples
     --------
     >>> clock_hz, bus_bits = 2619e6, 5120  # an H100 SXM's HBM3
@@ -603,20 +384,6 @@ class DeviceInfo:
 
 def device_info() -> DeviceInfo:
     r"""Read the name, compute capability, SM count and peak bandwidth of the device.
-
-    Returns
-    -------
-    DeviceInfo
-        Of the current CUDA device.
-
-    Raises
-    ------
-    RuntimeError
-        If there is no usable CUDA device.
-
-    See Also
-    --------
-    lnorm.gpu.run.available : Whether there is one.
 
     Examples
     --------
@@ -653,53 +420,17 @@ def device_info() -> DeviceInfo:
 
 
 def benchmark(rows: int, D: int, dtype, *, seed: int = 0) -> dict:
-    r"""Time the fused kernels and the op-by-op CuPy version on one problem size.
-
-    Each time is :func:`lnorm.gpu.run.cuda_time` with its defaults, on the
-    inputs of :func:`lnorm.gpu.check.make_inputs`.
-
-    Parameters
-    ----------
-    rows, D : int
-        The shape.
-    dtype : dtype-like
-        float32 or float16.
-    seed : int, default 0
-        Seed of the inputs.
-
-    Returns
-    -------
-    dict
-        Times in seconds (``fused_forward``, ``fused_backward``,
-        ``unfused_forward``, ``unfused_backward``) and ``bytes_forward``,
-        ``bytes_backward``: the fused schedule's traffic from
-        :func:`lnorm.cost.traffic` (the backward from ``x``, ``mean``,
-        ``rstd``, as these kernels save). Bytes over time is the effective
-        bandwidth: the least traffic the job needs, per second.
-
-    Raises
-    ------
-    RuntimeError
-        If there is no usable CUDA device.
-
-    See Also
-    --------
-    lnorm.gpu.measure.time_rungs : The timings of ``python -m lnorm.gpu.measure``.
+    r"""Time the fused kernels and the op-by-op version at one size (:func:`cuda_time`).
 
     Examples
     --------
-    >>> from lnorm.cost import traffic
-    >>> nbytes = traffic("forward", "fused", rows=256, D=64, itemsize=4,
-    ...                  saved="x_mean_rstd").bytes
-    >>> nbytes  # x and y; gamma and beta; mean and rstd, float32 per row
-    133632
     >>> ok, _ = available()
     >>> try:
     ...     result = benchmark(256, 64, "float32")
     ... except RuntimeError as exc:  # no GPU
     ...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
     ... else:
-    ...     print(ok and result["bytes_forward"] == nbytes)
+    ...     print(ok and result["bytes_forward"] == 133632)
     True
     """
     cp = _require_gpu()

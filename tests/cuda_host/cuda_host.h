@@ -1,5 +1,5 @@
 // cuda_host.h: just enough of CUDA to compile the kernel sources with g++ and
-// run them on the CPU (lnorm.gpu.host). Include it before a .cu file.
+// run them on the CPU (tests/cuda_host). Include it before a .cu file.
 //
 // Execution model: a launch runs its blocks one at a time (the blocks of a
 // cluster at the same time, below), each with one OS thread per CUDA thread

@@ -1,8 +1,8 @@
 r"""Run the CUDA kernel sources themselves on the CPU, compiled by g++.
 
-The ``.cu`` files are compiled verbatim after ``host/cuda_host.h``, a small
+The ``.cu`` files are compiled verbatim after ``cuda_host.h``, a small
 header that maps CUDA onto the host: one OS thread per CUDA thread, blocks one
-after another (the blocks of a cluster at once), ``__syncthreads()`` a
+after another, ``__syncthreads()`` a
 barrier over the block's threads and
 ``__shfl_xor_sync`` an exchange among the 32 lanes of a warp (a partial warp,
 or a lane that never arrives, aborts). :class:`HostLayerNorm` launches the
@@ -11,7 +11,7 @@ plan, grids, blocks and arguments), so its results can be compared bit for
 bit with :mod:`lnorm.gpu.emulate`, with no GPU. Compiled with sanitizer flags
 (``-fsanitize=address,undefined`` or ``-fsanitize=thread``) the library must
 run in a process that preloads the sanitizer runtime:
-:func:`lnorm.gpu.host.run_in_subprocess`.
+:func:`cuda_host.run_in_subprocess`.
 
 Compiled libraries, and the object of each kernel file, are cached in
 ``$LNORM_CUDA_HOST_CACHE`` (default ``~/.cache/lnorm-cuda-host``), keyed by a
@@ -34,6 +34,7 @@ import functools
 import hashlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,14 +44,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .kernels import (
+from lnorm.gpu.kernels import (
     COMMON_FILE,
     KERNEL_FILES,
     SOURCE_DIR,
     check_backward_args,
     check_forward_args,
-    cluster_blocks,
     kernel_params,
+    plan,
     rungs_for,
 )
 
@@ -58,7 +59,7 @@ __all__ = ["HEADER", "SANITIZE", "available", "build", "HostLayerNorm", "sanitiz
            "run_in_subprocess", "selftest"]
 
 #: The header that maps CUDA onto the host — threads, barriers, warp shuffles.
-HEADER = Path(__file__).resolve().parent / "host" / "cuda_host.h"
+HEADER = Path(__file__).resolve().parent / "cuda_host.h"
 #: No contraction into fused multiply-adds (as ``--fmad=false`` on the GPU).
 BASE_FLAGS = ("-std=c++20", "-O1", "-g", "-fPIC", "-pthread", "-ffp-contract=off",
               "-Wno-unknown-pragmas")
@@ -91,14 +92,48 @@ def _cache_dir() -> Path:
     return path
 
 
-def _unit(filename: str) -> str:  # no path in it: equal sources give one cache entry
-    lines = ['#include "cuda_host.h"', f'#include "{filename}"']
-    for name in kernel_params(filename):
+def _filtered(text: str, wanted: set[str]) -> str:
+    """``text`` with every table line (``K(suffix, ...)``) of a kernel not wanted
+    emptied, keeping the lines where they were (so reports name the same line)."""
+    def keep(m):
+        return m.group(0) if m.group(1) in wanted else " " * len(m.group(0))
+    return re.sub(r"\bK\((\w+),[^)]*\)", keep, text)
+
+
+def _unit(filename: str, source_dir: Path, kernels) -> str | None:
+    """One file's translation unit, with only the table lines ``kernels`` need,
+    and a C entry point per kernel; None if it has none of them."""
+    names = [k for k in kernel_params(filename) if kernels is None or k in kernels]
+    if not names:
+        return None
+    # a table line's suffix, for any of the prefixes it makes
+    suffixes = {re.sub(r"^ln_(fwd|bwd)(_atomic|_grouped)?_", "", k) for k in names}
+    common = _filtered((source_dir / COMMON_FILE).read_text(), suffixes)
+    text = (source_dir / filename).read_text()
+    include = f'#include "{COMMON_FILE}"'
+    after = text[:text.index(include)].count("\n") + 2  # the line after it
+    text = text.replace(include, f'#line 1 "{COMMON_FILE}"\n{common}\n'
+                        f'#line {after} "{filename}"', 1)
+    lines = ['#include "cuda_host.h"', f'#line 1 "{filename}"', text]
+    for name in names:
         lines.append(f'extern "C" void lnorm_launch_{name}(const unsigned* g, '
                      f'const unsigned* b, void** a, const char* s, unsigned m, '
                      f'unsigned c) '
                      f'{{ cuda_host::launch({name}, "{name}", g, b, a, s, m, c); }}')
     return "\n".join(lines) + "\n"
+
+
+def kernels_for(shapes, dtypes, rungs=None) -> tuple[str, ...]:
+    """The kernels that the forward and backward launch at ``shapes`` x ``dtypes``."""
+    out = set()
+    for rows, D in shapes:
+        for dtype in dtypes:
+            for rung in rungs or rungs_for(D, dtype):
+                p = plan(rows, D, dtype, rung)
+                out |= {p.kernel("forward"), p.kernel("backward")}
+                if p.rung != "v3":
+                    out.add(p.reduce_launch()[0])
+    return tuple(sorted(out))
 
 
 def _hash(*parts) -> str:
@@ -111,7 +146,7 @@ def _prune(pattern: str, keep: int) -> None:
             old.unlink(missing_ok=True)
 
 
-def build(flags=(), source_dir=None) -> Path:
+def build(flags=(), source_dir=None, kernels=None) -> Path:
     r"""Compile the kernel files with g++ into a shared library (cached).
 
     One object per kernel file, each with a C entry point
@@ -143,8 +178,8 @@ def build(flags=(), source_dir=None) -> Path:
 
     See Also
     --------
-    lnorm.gpu.host.HostLayerNorm : Loads the library.
-    lnorm.gpu.host.available : Whether g++ can build it here.
+    cuda_host.HostLayerNorm : Loads the library.
+    cuda_host.available : Whether g++ can build it here.
 
     Examples
     --------
@@ -160,8 +195,8 @@ def build(flags=(), source_dir=None) -> Path:
     if gxx is None:
         raise RuntimeError("g++ is not on PATH")
     source_dir = Path(source_dir or SOURCE_DIR).resolve()
-    units = _units(source_dir)
-    objects = _objects(gxx, flags, source_dir)
+    units = _units(source_dir, kernels)
+    objects = _objects(gxx, flags, source_dir, kernels)
     out = _cache_dir() / f"lnorm-host-{_hash(*sorted(map(str, objects.values())))}.so"
     if out.exists():
         os.utime(out)  # most recently used: kept by the pruning below
@@ -196,21 +231,20 @@ def build(flags=(), source_dir=None) -> Path:
     return out
 
 
-def _units(source_dir: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
+def _units(source_dir: Path, kernels=None) -> dict[str, tuple[str, tuple[str, ...]]]:
     """Each unit's text, and the texts it reads besides (header, sources)."""
-    common = (HEADER.read_text(), (source_dir / COMMON_FILE).read_text())
-    units = {Path(f).stem: (_unit(f), (*common, (source_dir / f).read_text()))
-             for f in KERNEL_FILES}
+    units = {Path(f).stem: (unit, (HEADER.read_text(),)) for f in KERNEL_FILES
+             if (unit := _unit(f, source_dir, kernels)) is not None}
     units["alloc"] = (_ALLOC_UNIT, ())
     return units
 
 
-def _objects(gxx: str, flags=(), source_dir=None) -> dict[str, Path]:
+def _objects(gxx: str, flags=(), source_dir=None, kernels=None) -> dict[str, Path]:
     """The cached object of each unit: named by the hash of g++, the flags and
     what the unit reads."""
     st = os.stat(os.path.realpath(gxx))
     fixed = (gxx, st.st_size, st.st_mtime, BASE_FLAGS, tuple(flags))
-    units = _units(Path(source_dir or SOURCE_DIR).resolve())
+    units = _units(Path(source_dir or SOURCE_DIR).resolve(), kernels)
     return {name: _cache_dir() / f"lnorm-obj-{_hash(*fixed, *unit)}.o"
             for name, unit in units.items()}
 
@@ -259,13 +293,13 @@ class HostLayerNorm:
     Same plan, grids, blocks and arguments as
     :class:`lnorm.gpu.run.FusedLayerNorm`, so the results equal
     :mod:`lnorm.gpu.emulate` bit for bit. Construction builds (or finds in
-    the cache) the library of :func:`lnorm.gpu.host.build` and loads it.
+    the cache) the library of :func:`cuda_host.build` and loads it.
 
     Parameters
     ----------
     flags : sequence of str, default ()
         Extra g++ flags (sanitizers: then use it only in
-        :func:`lnorm.gpu.host.run_in_subprocess`).
+        :func:`cuda_host.run_in_subprocess`).
     source_dir : path, optional
         Directory of the ``.cu`` files (default: the package's).
 
@@ -281,7 +315,7 @@ class HostLayerNorm:
 
     See Also
     --------
-    lnorm.gpu.host.selftest : Compares it with the emulation.
+    cuda_host.selftest : Compares it with the emulation.
 
     Examples
     --------
@@ -295,8 +329,8 @@ class HostLayerNorm:
     ...     assert all(np.array_equal(got[k], want[k]) for k in want)
     """
 
-    def __init__(self, flags=(), source_dir=None) -> None:
-        self.path = build(tuple(flags), source_dir)
+    def __init__(self, flags=(), source_dir=None, kernels=None) -> None:
+        self.path = build(tuple(flags), source_dir, kernels)
         self._lib = ctypes.CDLL(str(self.path))
         self._lib.lnorm_host_alloc.restype = ctypes.c_void_p
         self._lib.lnorm_host_alloc.argtypes = [ctypes.c_size_t]
@@ -324,7 +358,7 @@ class HostLayerNorm:
 
         See Also
         --------
-        lnorm.gpu.host.HostLayerNorm.launch : Takes these arrays.
+        cuda_host.HostLayerNorm.launch : Takes these arrays.
 
         Examples
         --------
@@ -362,8 +396,6 @@ class HostLayerNorm:
         r"""Run ``kernel<<<grid, block, shared>>>(*args)``, as a CuPy kernel takes them.
 
         Blocks run one after another, each with one OS thread per CUDA thread;
-        the blocks of a cluster (v5's ``ln_*_cluster<CL>_*`` kernels, whose
-        clusters of ``CL`` blocks are fixed at compile time) at the same time.
 
         Parameters
         ----------
@@ -373,7 +405,7 @@ class HostLayerNorm:
             Up to 3 numbers each.
         args : sequence
             Arrays (passed as pointers; allocate them with
-            :meth:`lnorm.gpu.host.HostLayerNorm.buffers`), ``numpy.int32``,
+            :meth:`cuda_host.HostLayerNorm.buffers`), ``numpy.int32``,
             ``numpy.int64``, ``numpy.float32`` or ``numpy.float64``; the kinds
             are checked against the kernel's parameters.
         shared : int, default 0
@@ -386,7 +418,7 @@ class HostLayerNorm:
 
         See Also
         --------
-        lnorm.gpu.host.HostLayerNorm.forward : Launches the forward this way.
+        cuda_host.HostLayerNorm.forward : Launches the forward this way.
 
         Examples
         --------
@@ -424,8 +456,7 @@ class HostLayerNorm:
         argv = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
         dims = [(ctypes.c_uint * 3)(*(tuple(d) + (1, 1, 1))[:3]) for d in (grid, block)]
         getattr(self._lib, f"lnorm_launch_{kernel}")(
-            *dims, argv, sig.encode(), ctypes.c_uint(shared),
-            ctypes.c_uint(cluster_blocks(kernel)))
+            *dims, argv, sig.encode(), ctypes.c_uint(shared), ctypes.c_uint(1))
 
     def forward(self, x, gamma, beta, eps: float = 1e-5, *, rung: str = "v4") -> tuple:
         r"""Run the fused forward on the CPU, as the GPU class's forward runs it.
@@ -500,7 +531,7 @@ class HostLayerNorm:
         gamma : array_like, shape (D,), the dtype of ``x``
             The scale.
         mean_hi, mean_lo, rstd : array_like, float32, shape ``x.shape[:-1]``
-            As :meth:`lnorm.gpu.host.HostLayerNorm.forward` returns them.
+            As :meth:`cuda_host.HostLayerNorm.forward` returns them.
         rung : {"v4", "v3", "v5"}, default "v4"
             The backward kernel (:data:`lnorm.gpu.kernels.RUNGS`). v3 adds
             every group's column sums into dgamma and dbeta with atomicAdd
@@ -551,7 +582,7 @@ class HostLayerNorm:
         """
         arrays = [np.asarray(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd)]
         p = check_backward_args(*arrays, rung=rung, rows_per_group=rows_per_group)
-        if not second_stage and rung == "v3":
+        if not second_stage and p.rung == "v3":
             raise ValueError("rung 'v3' has no second stage to leave out.")
         if p.rows == 0:  # sums over no rows (no partial rows)
             shape = p.D if second_stage else (0, p.D)
@@ -561,7 +592,7 @@ class HostLayerNorm:
         with self.buffers() as new:
             ins = [new(a.shape, a.dtype, a) for a in arrays]
             dx = new(arrays[1].shape, arrays[1].dtype)
-            if rung == "v3":  # into dgamma and dbeta, which start at zero
+            if p.rung == "v3":  # into dgamma and dbeta, which start at zero
                 params = [new((p.D,), np.float32, 0.0) for _ in range(2)]
                 self.launch(name, grid, block, (*ins, dx, *params, *ints))
                 return dx.copy(), params[0].copy(), params[1].copy()
@@ -598,7 +629,7 @@ def sanitizer_env(flags=()) -> dict[str, str]:
 
     See Also
     --------
-    lnorm.gpu.host.run_in_subprocess : Runs a process in it.
+    cuda_host.run_in_subprocess : Runs a process in it.
 
     Examples
     --------
@@ -622,18 +653,19 @@ def sanitizer_env(flags=()) -> dict[str, str]:
     env["ASAN_OPTIONS"] = "detect_leaks=0"
     env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
     env["TSAN_OPTIONS"] = "halt_on_error=1"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_DIR.parents[1]),
-                                                      env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [
+        str(SOURCE_DIR.parents[1]), str(Path(__file__).resolve().parents[1]),
+        env.get("PYTHONPATH")]))
     return env
 
 
-def run_in_subprocess(code: str, flags=(), source_dir=None,
+def run_in_subprocess(code: str, flags=(), source_dir=None, kernels=None,
                       timeout: float = 600) -> subprocess.CompletedProcess:
     r"""Run Python ``code`` in a fresh process set up for the library of ``flags``.
 
     The library is built here first, so the child finds it in the cache and
     runs no compiler. The code may construct ``HostLayerNorm(flags,
-    source_dir)``. The environment is :func:`lnorm.gpu.host.sanitizer_env`.
+    source_dir)``. The environment is :func:`cuda_host.sanitizer_env`.
 
     Parameters
     ----------
@@ -659,7 +691,7 @@ def run_in_subprocess(code: str, flags=(), source_dir=None,
 
     See Also
     --------
-    lnorm.gpu.host.selftest : What ``python -m lnorm.gpu.host`` runs this way.
+    cuda_host.selftest : What ``python -m cuda_host`` runs this way.
 
     Examples
     --------
@@ -671,13 +703,13 @@ def run_in_subprocess(code: str, flags=(), source_dir=None,
     ...     print(done.returncode == 0 and done.stdout == "42\n")
     True
     """
-    build(tuple(flags), source_dir)
+    build(tuple(flags), source_dir, kernels)
     return subprocess.run([sys.executable, "-c", code], env=sanitizer_env(flags),
                           capture_output=True, text=True, timeout=timeout)
 
 
 def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=(),
-             source_dir=None, rungs=None) -> None:
+             source_dir=None, rungs=None, kernels=None) -> None:
     r"""Assert that the CPU-run kernels equal :mod:`lnorm.gpu.emulate` bit for bit.
 
     Every output of the forward and the backward, at every shape and dtype;
@@ -694,12 +726,14 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
         Storage types.
     flags : sequence of str, default ()
         Extra g++ flags (sanitizers: run this in
-        :func:`lnorm.gpu.host.run_in_subprocess`).
+        :func:`cuda_host.run_in_subprocess`).
     source_dir : path, optional
         Directory of the ``.cu`` files (default: the package's).
     rungs : sequence of str, optional
-        Only these rungs (default: every rung that takes the shape,
-        :func:`lnorm.gpu.kernels.rungs_for`).
+        Only these rungs (default: every rung with kernels of its own for the
+        shape, :func:`lnorm.gpu.kernels.rungs_for`).
+    kernels : sequence of str, optional
+        The kernels to compile (default: those the shapes launch).
 
     Raises
     ------
@@ -710,7 +744,7 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
 
     See Also
     --------
-    lnorm.gpu.host.HostLayerNorm : What is tested.
+    cuda_host.HostLayerNorm : What is tested.
 
     Examples
     --------
@@ -724,9 +758,10 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
     ...     print(out.getvalue().startswith("selftest passed"))
     True
     """
-    from . import emulate
-    from .check import atomic_check, forward_backward, make_inputs
-    host = HostLayerNorm(flags, source_dir)
+    from lnorm.gpu import emulate
+    from lnorm.gpu.check import atomic_check, forward_backward, make_inputs
+    host = HostLayerNorm(flags, source_dir,
+                         kernels or kernels_for(shapes, dtypes, rungs))
     for rows, D in shapes:
         for dtype in dtypes:
             inp = make_inputs(rows, D, dtype)
@@ -745,10 +780,10 @@ def selftest(shapes=((20, 7), (3, 513)), dtypes=("float32", "float16"), flags=()
     print(f"selftest passed: {shapes} x {dtypes}, flags {list(flags)}")
 
 
-if __name__ == "__main__":  # python -m lnorm.gpu.host [asan|tsan]
+if __name__ == "__main__":  # cd tests; python -m cuda_host [asan|tsan]
     extra = SANITIZE[sys.argv[1]] if len(sys.argv) > 1 else ()
     done = run_in_subprocess(
-        f"from lnorm.gpu.host import selftest; selftest(flags={extra!r})", extra
+        f"from cuda_host import selftest; selftest(flags={extra!r})", extra
     )
     print(done.stdout + done.stderr, end="")
     sys.exit(done.returncode)

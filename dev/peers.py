@@ -7,7 +7,7 @@ This script is the one place in the project that imports PyTorch and Triton:
 them (without them even ``--help`` fails on the import). It runs on a machine
 with a GPU::
 
-    PYTHONPATH=. python benchmarks/peers.py --merge-into gpu-measurements.json
+    PYTHONPATH=. python dev/peers.py --merge-into gpu-measurements.json
 
 and adds to the JSON that ``python -m lnorm.gpu.measure`` wrote:
 

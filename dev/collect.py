@@ -1,6 +1,6 @@
-"""Merge what benchmarks/gpu_session.sh brought back into one data file.
+"""Merge what dev/gpu_session.sh brought back into one data file.
 
-    python benchmarks/collect.py OUT_DIR [OUT_DIR ...] --into book/data/gpu/
+    python dev/collect.py OUT_DIR [OUT_DIR ...] --into book/data/gpu/
 
 Each OUT_DIR holds the session's files: ``m.json`` (``python -m
 lnorm.gpu.measure``, with the peers merged in), ``long.json`` and

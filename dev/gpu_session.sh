@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One lease on a GPU machine: every check of benchmarks/README.md, most
+# One lease on a GPU machine: every step of dev/README.md, most
 # important first, each under its own time limit, the whole run under BUDGET
 # seconds, so that a short lease still brings back the first results.
 #
-#   OUT=results BUDGET=540 bash benchmarks/gpu_session.sh
-#   STEPS="measure peers" bash benchmarks/gpu_session.sh   # only these steps
+#   OUT=results BUDGET=540 bash dev/gpu_session.sh
+#   STEPS="measure peers" bash dev/gpu_session.sh   # only these steps
 #
 # OUT defaults to gpu-session, BUDGET to 540 (less than the limits below add
 # up to: the last steps are skipped first). Steps, in order: env measure tests
@@ -48,7 +48,7 @@ import cupy, numpy, torch, triton; print(cupy.__version__, numpy.__version__, to
 step measure 200 python3 -m lnorm.gpu.measure --repeat 30 --out "$OUT/m.json"
 step tests 150 python3 -m pytest tests/test_gpu.py -m "not slow" -q -rs -p no:cacheprovider
 step memcheck 90 compute-sanitizer --tool memcheck python3 -m lnorm.gpu.measure --launch-only
-step peers 150 python3 benchmarks/peers.py --repeat 30 --merge-into "$OUT/m.json"
+step peers 150 python3 dev/peers.py --repeat 30 --merge-into "$OUT/m.json"
 METRICS=dram__bytes_read.sum,dram__bytes_write.sum,gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__registers_per_thread,launch__grid_size,launch__block_size
 for profile in "8192 8192 float32 v5" "8192 8192 float16 v5" "8192 4096 float32 v5" \
   "8192 768 float32 v5" "8192 768 float32 v4" "8192 768 float16 v5" "8192 768 float16 v4"; do
