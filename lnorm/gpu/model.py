@@ -217,7 +217,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     --------
     >>> fwd = predict("forward", 8192, 4096, "float16")
     >>> fwd.bytes, fwd.concurrent_groups, fwd.steps
-    (134299648, 792, 11)
+    (134332416, 792, 11)
     >>> predict("forward", 8192, 4096, "float16", rows_in_flight=2).time < fwd.time
     True
     >>> v3 = predict("backward", 8192, 4096, "float16", rung="v3")
@@ -240,7 +240,7 @@ def predict(direction: str, rows: int, D: int, dtype, *, device: Device = H100,
     usage = kernel_usage(p.kernel(direction))
     regs = registers or usage.registers
     must = traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
-                   saved="x_mean_rstd").bytes
+                   saved="x_mean_rstd", mean_parts=2).bytes
     if direction == "forward" and not p.forward_rows_per_group:  # a row a group
         groups, per_group = rows, 1
         per_block, block = (1 if p.per_block else 4), p.block

@@ -440,7 +440,8 @@ def benchmark(rows: int, D: int, dtype, *, seed: int = 0) -> dict:
     args_f = (inp["x"], inp["gamma"], inp["beta"])
     args_b = (inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
     itemsize = np.dtype(dtype).itemsize
-    size = dict(rows=rows, D=D, itemsize=itemsize, saved="x_mean_rstd")
+    size = dict(rows=rows, D=D, itemsize=itemsize, saved="x_mean_rstd",
+                mean_parts=2)
     return {
         "fused_forward": cuda_time(fused.forward, *args_f),
         "fused_backward": cuda_time(fused.backward, *args_b),
