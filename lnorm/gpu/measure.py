@@ -400,7 +400,8 @@ def _launchable(fused, rows: int, D: int, dtype) -> list[str]:
 def bit_checks(fused) -> list[dict]:
     r"""Compare the kernels with the emulation byte by byte at every checked shape.
 
-v3's as :func:`lnorm.gpu.check.atomic_check` compares them.
+    v3's, whose column sums depend on the order of its atomics, as
+    :func:`lnorm.gpu.check.atomic_check` compares them.
 
     Examples
     --------
@@ -470,7 +471,8 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
                rungs=("v1", "v3", "v4", "v5")) -> list[dict]:
     r"""Time every rung's forward and backward at every shape.
 
-L2 is flushed before every call of an op under :data:`L2_FLUSH_BELOW` bytes.
+    L2 is flushed before every call of an op under :data:`L2_FLUSH_BELOW`
+    bytes.
 
     Examples
     --------
