@@ -6,59 +6,43 @@ accumulates its reductions in float64 registers and writes its outputs
 while the row is still in cache: the schedule of the GPU chapter's kernels,
 on CPU cores. The cost chapter (``book/05_cost.md``) measures it.
 
-Per row of length ``D``:
-
-* forward: ``mean = sum(x) / D``, then ``var = sum((x - mean)**2) / D``
-  over the row again (from cache), ``rstd = 1 / sqrt(var + eps)``, then
-  ``xhat = (x - mean) * rstd`` and ``y = gamma * xhat + beta`` in one sweep;
-* backward: ``sum(g)`` and ``sum(g * xhat)`` with ``g = gamma * dy`` in one
-  sweep, which also adds ``dy * xhat`` and ``dy`` into the block's
-  ``dgamma`` and ``dbeta``; then ``dx = rstd * (g - xhat * mean(g * xhat)
-  - mean(g))`` in a second sweep over the row (from cache).
+Per row: the forward sums ``x``, then ``(x - mean)**2`` (from cache), then
+writes ``xhat`` and ``y`` in one sweep; the backward sums ``g = gamma * dy``
+and ``g * xhat`` in one sweep, which also adds ``dy * xhat`` and ``dy`` into
+the block's ``dgamma`` and ``dbeta``, then writes ``dx = rstd * (g - xhat *
+mean(g * xhat) - mean(g))`` in a second (from cache).
 
 Rules shared by :func:`forward` and :func:`backward`:
 
-* the same checks, errors, dtype policy and
-  :class:`lnorm.cache.LayerNormCache` as :func:`lnorm.core.forward` and
-  :func:`lnorm.core.backward`, with ``threads=`` in place of
-  ``block_rows=``;
+* the checks, errors, dtype policy and :class:`lnorm.cache.LayerNormCache`
+  of :func:`lnorm.core.forward` and :func:`lnorm.core.backward`;
 * every statistic and every reduction is accumulated in float64, whatever
   the input dtype; ``y``, ``xhat`` and ``dx`` are rounded once to the input
   dtype, ``dgamma`` and ``dbeta`` once to the dtype of ``gamma``;
 * a fixed summation order: ``dgamma`` and ``dbeta`` are summed in float64
   per block of :data:`BLOCK_ROWS` rows of a chunk of :data:`CHUNK_ROWS`
-  rows, then across blocks in order. Rows of at least :data:`GROUP_FROM_D`
-  elements take the first sweep four at a time (:data:`GROUP_ROWS`), rows
-  ``q, q + Q, q + 2Q, q + 3Q`` of a chunk of ``N`` rows (``Q = N // 4``),
-  ``BLOCK_ROWS // 4`` groups per block, their four terms added pairwise
-  first; the rows left over go one by one in blocks of their own. The
-  result depends on nothing but the inputs (and the build);
+  rows, then across blocks in order. Rows of :data:`GROUP_FROM_D` elements
+  or more go four at a time, rows ``q + k * Q`` (``k < 4``, ``Q`` a quarter
+  of the chunk), ``BLOCK_ROWS // 4`` groups a block, their four terms added
+  pairwise; rows left over go one by one in blocks of their own;
 * NaN and Inf stay in their row: the sums take the fast-math flags
-  ``reassoc`` (LLVM may split a row's sum over vector lanes) and
-  ``contract`` (fused multiply-adds), never ``nnan`` or ``ninf``; the sweep
-  that writes ``dx`` takes none (``contract`` would keep the rounding error
-  of ``g`` in ``g - mean(g)``);
+  ``reassoc`` (split a row's sum over vector lanes) and ``contract`` (fused
+  multiply-adds), never ``nnan`` or ``ninf``; the ``dx`` sweep takes none
+  (``contract`` would keep the rounding error of ``g`` in ``g - mean(g)``);
 * a constant row gives ``xhat = 0`` and ``y = beta`` exactly, and a row of
   one element ``dx = 0``;
 * ``out=`` takes arrays to write into, sparing the operating system's
   zeroing of fresh pages that a new array of many megabytes pays;
-* ``threads=`` (default 1) runs the loop on that many CPU threads (the
-  loops release the GIL), each on a contiguous range of rows (forward) or
-  chunks (backward): the chunks fix the order of every sum, so the bits are
-  the same on any number of threads;
-* outputs of :data:`STREAM_BYTES` or more, in rows of at least
-  :data:`GROUP_FROM_D` elements, are written with streaming stores: a row is
-  computed into a buffer in cache and sent to memory a whole 64-byte line
-  at a time, without the read of each line that a plain store to a line
-  not in cache makes first.
-
-float16: Numba has no float16 arrays on the CPU, so the loops read and
-write float16 arrays as their bits (a ``uint16`` view) and convert each
-element in registers with the CPU's conversion instructions (x86 with
-F16C, 64-bit Arm); no converted copy of any tensor is made. On a CPU
-without them the loops run on float64 copies, which NumPy rounds to
-float16. Either way an output is rounded from float64 to float16 once, to
-nearest (ties to even).
+* ``threads=`` (default 1, in place of ``block_rows=``) runs the loop on CPU
+  threads, each on a contiguous range of rows (forward) or chunks
+  (backward), which fix the order of every sum: the same bits on any number;
+* outputs of :data:`STREAM_BYTES` or more, in rows of :data:`GROUP_FROM_D`
+  or more, are computed a row into a buffer in cache and streamed out a
+  whole 64-byte line at a time, without the read a plain store makes first;
+* float16 is read and written as its bits (Numba has no float16 arrays on
+  the CPU), converted in registers by the CPU's instructions (x86 F16C,
+  64-bit Arm): no converted copy. Without them the loops run on float64
+  copies. Either way an output is rounded from float64 once, to nearest.
 
 Examples
 --------
@@ -99,16 +83,15 @@ from .validate import (
     check_param,
 )
 
-__all__ = ["forward", "backward", "BLOCK_ROWS", "GROUP_ROWS", "GROUP_FROM_D",
-           "CHUNK_ROWS", "STREAM_BYTES"]
+__all__ = ["forward", "backward", "empty_apart", "BLOCK_ROWS", "GROUP_ROWS",
+           "GROUP_FROM_D", "CHUNK_ROWS", "STREAM_BYTES", "APART_BYTES",
+           "APART_FROM_BYTES"]
 
 #: Rows per block of the ``dgamma``/``dbeta`` partial sums.
 BLOCK_ROWS = 256
 
-#: Rows whose first sweeps run together in the backward (:func:`_group_sums`,
-#: written out for four), for rows of at least :data:`GROUP_FROM_D` elements:
-#: one load and store of the ``dgamma``/``dbeta`` accumulators per four rows,
-#: and eight streams of reads in flight.
+#: Rows whose first sweeps run together in the backward: one load and store of
+#: the ``dgamma``/``dbeta`` accumulators per four rows, eight read streams.
 GROUP_ROWS = 4
 
 #: The shortest row the backward takes in groups (shorter ran slower so).
@@ -139,43 +122,32 @@ def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
     return max(sizes[1:], default=default)
 
 
-#: Bytes of an output (``dx``, or ``y``) from which the loops write rows of at
-#: least :data:`GROUP_FROM_D` elements with streaming stores: half the largest
-#: data cache of CPU 0 (32 MiB when Linux does not say). A smaller output is
-#: better left in cache for its next reader.
+#: Bytes of an output from which the loops stream it: half the largest data
+#: cache of CPU 0. A smaller output is better left in cache for its reader.
 STREAM_BYTES = _last_level_cache_bytes() // 2
 
 
 # --- float16 in registers -------------------------------------------------------
-#
-# LLVM's half type needs conversion instructions: on x86 without F16C it
-# calls a runtime function that Numba's JIT does not have, and the process
-# would die. So the loops see float16 bits only where _native_half() holds.
+# LLVM's half type needs conversion instructions: on x86 without F16C it calls
+# a runtime function Numba's JIT lacks, and the process dies.
 
 
 @functools.cache
 def _native_half() -> bool:
     """Whether LLVM converts float16 in instructions for Numba's target CPU."""
     arch = llvm.get_process_triple().split("-")[0]
-    if arch in ("aarch64", "arm64"):
-        return True
     if arch not in ("x86_64", "i386", "i686"):
-        return False
+        return arch in ("aarch64", "arm64")
     features = config.CPU_FEATURES  # '' for NUMBA_CPU_NAME=generic
     if features is None:
         features = llvm.get_host_cpu_features().flatten()
     return "+f16c" in features.split(",")
 
 
-def _is_half(t) -> bool:
-    """Whether the Numba type ``t`` is how the loops see float16 (uint16 bits)."""
-    return isinstance(t, types.Integer) and t.bitwidth == 16
-
-
 @intrinsic
 def _wide(typingctx, v):
     """``v`` as float64: a float widened, or uint16 bits read as float16 (exact)."""
-    if _is_half(v):
+    if isinstance(v, types.Integer) and v.bitwidth == 16:  # float16 bits
         def codegen(context, builder, signature, args):
             return builder.fpext(builder.bitcast(args[0], ir.HalfType()),
                                  ir.DoubleType())
@@ -212,7 +184,7 @@ def _narrow(typingctx, v, like):
     """float64 ``v`` rounded once to the element type of array ``like`` (uint16:
     float16, as bits; LLVM has no direct float64 to float16 instruction)."""
     dtype = like.dtype
-    if _is_half(dtype):
+    if isinstance(dtype, types.Integer) and dtype.bitwidth == 16:
         def codegen(context, builder, signature, args):
             single = _to_odd_single(builder, args[0])
             return builder.bitcast(builder.fptrunc(single, ir.HalfType()),
@@ -227,23 +199,24 @@ def _narrow(typingctx, v, like):
 
 # --- streaming stores --------------------------------------------------------------
 #
-# Numba has no streaming store: these intrinsics emit the LLVM IR, a store of a
-# 64-byte vector (one cache line) marked !nontemporal (vmovntps and kin on
-# x86), and a fence that orders such stores before the call returns.
+# Numba has no streaming store: these intrinsics emit a store of a 64-byte
+# vector (one line) marked !nontemporal, and a fence before the call returns.
 _VECTOR_BYTES = 64
 
 
 @intrinsic
-def _stream_vectors(typingctx, dst, src, nvec):
-    """``dst[:nvec*W] = src[:nvec*W]`` with streaming stores, ``W = 64 //
-    itemsize``; ``dst`` 64-byte aligned, ``src`` any alignment."""
-    sig = types.void(dst, src, nvec)
+def _stream_vectors(typingctx, dst, src, start, nvec):
+    """``dst[start:][:nvec*W] = src[start:][:nvec*W]`` with streaming stores,
+    ``W = 64 // itemsize``; ``dst[start]`` 64-byte aligned."""
+    sig = types.void(dst, src, start, nvec)
 
     def codegen(context, builder, signature, args):
-        dty, sty, _ = signature.args
-        d_arr, s_arr, n = args
-        dptr = context.make_array(dty)(context, builder, d_arr).data
-        sptr = context.make_array(sty)(context, builder, s_arr).data
+        dty, sty, _, _ = signature.args
+        d_arr, s_arr, i, n = args
+        dptr = cgutils.get_item_pointer(context, builder, dty, context.make_array(
+            dty)(context, builder, d_arr), [i], wraparound=False)
+        sptr = cgutils.get_item_pointer(context, builder, sty, context.make_array(
+            sty)(context, builder, s_arr), [i], wraparound=False)
         width = _VECTOR_BYTES // (dty.dtype.bitwidth // 8)
         vty = ir.VectorType(context.get_value_type(dty.dtype), width)
         dvec = builder.bitcast(dptr, vty.as_pointer())
@@ -260,16 +233,6 @@ def _stream_vectors(typingctx, dst, src, nvec):
 
 
 @intrinsic
-def _address(typingctx, arr):
-    """The address of ``arr``'s first element, as an integer."""
-    def codegen(context, builder, signature, args):
-        data = context.make_array(signature.args[0])(context, builder, args[0]).data
-        return builder.ptrtoint(data, ir.IntType(64))
-
-    return types.intp(arr), codegen
-
-
-@intrinsic
 def _fence(typingctx):
     """Order the streaming stores before everything after them (once a call)."""
     def codegen(context, builder, signature, args):
@@ -282,14 +245,16 @@ def _fence(typingctx):
 @nb.njit(cache=True, inline="always")
 def _store_row(dst, buf):
     """``dst[:] = buf``: streaming stores of whole 64-byte lines, plain stores
-    before the first line boundary and after the last whole line."""
+    before the first line boundary and after the last whole line (no slices:
+    a view's reference count is a locked add, which drains the stores)."""
     D, size = buf.shape[0], buf.itemsize
-    head = min((-_address(dst)) % _VECTOR_BYTES // size, D)
+    head = min((-dst.ctypes.data) % _VECTOR_BYTES // size, D)
     nvec = (D - head) // (_VECTOR_BYTES // size)
-    tail = head + nvec * (_VECTOR_BYTES // size)
-    dst[:head] = buf[:head]
-    _stream_vectors(dst[head:], buf[head:], nvec)
-    dst[tail:] = buf[tail:]
+    for j in range(head):
+        dst[j] = buf[j]
+    _stream_vectors(dst, buf, head, nvec)
+    for j in range(head + nvec * (_VECTOR_BYTES // size), D):
+        dst[j] = buf[j]
 
 
 # --- the row loops ----------------------------------------------------------------
@@ -333,30 +298,40 @@ def _is_constant(x):
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
-def _forward_rows(x, gamma, beta, eps, y, xhat, rstd, stream):
-    """y, xhat and rstd row by row: three sweeps over each row, the first from
-    memory, the other two from cache; with ``stream``, the outputs of a row go
-    to buffers in cache and are streamed out from there."""
+def _forward_rows(x, gamma, beta, eps, y, xhat, rstd):
+    """y, xhat and rstd row by row. (No helper takes ``x`` or a row of it
+    across branches: Numba would count its references, a locked add, per row.)"""
     D = x.shape[1]
-    held_y = np.empty(D if stream else 0, y.dtype)
-    held_xhat = np.empty(D if stream else 0, y.dtype)
     for r in range(x.shape[0]):
         mean = _row_sum(x[r]) / D
         sq = _row_squares(x[r], mean)
         if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x[r]):
-            # The rounded mean of a constant row can miss its value by an
-            # ulp; take the value itself, so that xhat = 0 and y = beta.
-            mean = _wide(x[r, 0])
-            sq = 0.0
+            mean, sq = _wide(x[r, 0]), 0.0  # a constant row's value, exactly
         rstd[r] = 1.0 / np.sqrt(sq / D + eps)
-        if not stream:
-            _normalize_row(x[r], gamma, beta, mean, rstd[r], y[r], xhat[r])
-            continue
-        _normalize_row(x[r], gamma, beta, mean, rstd[r], held_y, held_xhat)
-        _store_row(y[r], held_y)
-        _store_row(xhat[r], held_xhat)
-    if stream:
-        _fence()
+        _normalize_row(x[r], gamma, beta, mean, rstd[r], y[r], xhat[r])
+
+
+@nb.njit(cache=True, fastmath=FASTMATH, nogil=True)
+def _forward_rows_streamed(x, gamma, beta, eps, y, xhat, rstd):
+    """:func:`_forward_rows`, a row's outputs computed into buffers in cache and
+    streamed out from there."""
+    D = x.shape[1]
+    # The buffers 64-byte aligned and half a page apart in their pages.
+    part = -(-D * y.itemsize // 4096) * 4096 + 2048
+    block = np.empty(2 * part + 64, np.uint8)
+    at = (-block.ctypes.data) % 64
+    held_y = block[at:at + D * y.itemsize].view(y.dtype)
+    held_xhat = block[at + part:at + part + D * y.itemsize].view(y.dtype)
+    for r in range(x.shape[0]):
+        mean = _row_sum(x[r]) / D
+        sq = _row_squares(x[r], mean)
+        if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x[r]):
+            mean, sq = _wide(x[r, 0]), 0.0  # a constant row's value, exactly
+        rstd[r] = 1.0 / np.sqrt(sq / D + eps)
+        _normalize_row(x[r], gamma, beta, mean, rstd[r], held_y[:D], held_xhat[:D])
+        _store_row(y[r], held_y[:D])
+        _store_row(xhat[r], held_xhat[:D])
+    _fence()
 
 
 @nb.njit(cache=True, fastmath=FASTMATH, inline="always")
@@ -386,14 +361,8 @@ def _group_sums(dy0, dy1, dy2, dy3, xh0, xh1, xh2, xh3, gamma, dgamma, dbeta):
         d2, d3 = _wide(dy2[j]), _wide(dy3[j])
         p0, p1 = d0 * _wide(xh0[j]), d1 * _wide(xh1[j])
         p2, p3 = d2 * _wide(xh2[j]), d3 * _wide(xh3[j])
-        g0 += d0 * gj
-        g1 += d1 * gj
-        g2 += d2 * gj
-        g3 += d3 * gj
-        gx0 += p0 * gj
-        gx1 += p1 * gj
-        gx2 += p2 * gj
-        gx3 += p3 * gj
+        g0, g1, g2, g3 = g0 + d0 * gj, g1 + d1 * gj, g2 + d2 * gj, g3 + d3 * gj
+        gx0, gx1, gx2, gx3 = gx0 + p0 * gj, gx1 + p1 * gj, gx2 + p2 * gj, gx3 + p3 * gj
         dgamma[j] += (p0 + p1) + (p2 + p3)
         dbeta[j] += (d0 + d1) + (d2 + d3)
     return (g0, g1, g2, g3), (gx0, gx1, gx2, gx3)
@@ -401,9 +370,8 @@ def _group_sums(dy0, dy1, dy2, dy3, xh0, xh1, xh2, xh3, gamma, dgamma, dbeta):
 
 @nb.njit(cache=True)
 def _dx_row(dy, xhat, gamma, rstd, r, mean_g, mean_gxhat, out, out_r):
-    """Row ``r`` of dx = rstd * (g - xhat * mean(g * xhat) - mean(g)) into row
-    ``out_r`` of ``out``, without fast-math flags (a function inlined into a
-    loop takes that loop's flags)."""
+    """Row ``r`` of dx into row ``out_r`` of ``out``, without fast-math flags
+    (not inlined: a function inlined into a loop takes that loop's flags)."""
     for j in range(dy.shape[1]):
         g = _wide(dy[r, j]) * gamma[j]
         rest = g - _wide(xhat[r, j]) * mean_gxhat
@@ -420,10 +388,8 @@ def _grouping(rows, D):
 
 @nb.njit(cache=True, fastmath=FASTMATH)
 def _backward_rows(dy, xhat, gamma, rstd, dx, dgamma, dbeta, stream):
-    """dx of one chunk, a group of rows (or one row) at a time; ``dgamma[b]``,
-    ``dbeta[b]``: the sums over block ``b`` in the order of the module
-    docstring. With ``stream``, a grouped row's dx goes to a buffer in cache
-    and is streamed out from there."""
+    """dx of one chunk, a group of rows (or a row) at a time, and the sums of
+    each block (module docstring); with ``stream``, grouped rows stream dx."""
     rows, D = dy.shape
     quarter, grouped_blocks = _grouping(rows, D)
     held = np.empty((1, D if stream else 0), dx.dtype)
@@ -506,12 +472,58 @@ def _rows_for_loop(a: np.ndarray) -> np.ndarray:
     return rows.view(held) if held == _U16 else rows.astype(held, copy=False)
 
 
-def _output(out, shape, dtype) -> np.ndarray:
-    """Where the loop writes an output: ``out`` where it can, else a new array."""
+#: Bytes between the starts of two arrays that one loop streams through
+#: together, modulo a 4 KiB page (see :func:`empty_apart`).
+APART_BYTES = 256
+
+#: Arrays from this size on are placed :data:`APART_BYTES` apart (moving one
+#: costs a page of address space).
+APART_FROM_BYTES = 16 * 4096
+
+
+def empty_apart(shape, dtype, *others: np.ndarray) -> np.ndarray:
+    r"""``np.empty(shape, dtype)``, placed in its page away from ``others``.
+
+    Large arrays start at one place in a page (glibc maps them fresh): with
+    rows of 4 KiB, element ``j`` of every row of every array has one address
+    modulo 4 KiB, the bits that pick an L1 set and that an x86 core compares
+    to tell a load from an earlier store. An array of
+    :data:`APART_FROM_BYTES` or more starts at a 64-byte line at least
+    :data:`APART_BYTES` from each of ``others`` (up to seven) modulo 4 KiB,
+    as a view into a slightly larger buffer. The loops place their outputs
+    so; use it for ``out=`` buffers, with the arrays the loop streams as
+    ``others`` (``x``; ``dy`` and ``cache.xhat``).
+
+    Examples
+    --------
+    >>> x = np.zeros((2**14, 1024), np.float32)  # 64 MiB
+    >>> y = empty_apart(x.shape, x.dtype, x)
+    >>> y.shape, (y.ctypes.data - x.ctypes.data) % 4096 >= APART_BYTES
+    ((16384, 1024), True)
+    """
+    shape = (shape,) if np.ndim(shape) == 0 else tuple(shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if nbytes < APART_FROM_BYTES:
+        return np.empty(shape, dtype)
+    taken = [o.ctypes.data % 4096 for o in others]
+
+    def nearest(t: int) -> int:
+        return min((min((t - a) % 4096, (a - t) % 4096) for a in taken), default=4096)
+
+    # Each other rules out at most 8 of the 64 line starts: seven leave one.
+    target = max(range(0, 4096, 64), key=lambda t: (min(nearest(t), APART_BYTES), -t))
+    buf = np.empty(nbytes + 4096, dtype=np.uint8)
+    start = (target - buf.ctypes.data) % 4096
+    return buf[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def _output(out, shape, dtype, *apart: np.ndarray) -> np.ndarray:
+    """Where the loop writes an output: ``out`` where it can, else a new array
+    apart from ``apart``."""
     held = _loop_dtype(np.dtype(dtype))
     if held not in (_U16, dtype):
         return np.empty(shape, held)
-    a = np.empty(shape, dtype) if out is None else out.reshape(shape)
+    a = empty_apart(shape, dtype, *apart) if out is None else out.reshape(shape)
     return a.view(held)
 
 
@@ -536,9 +548,6 @@ def _streams(out: np.ndarray, D: int) -> bool:
 def _in_threads(fn, jobs: list[tuple]) -> None:
     """``fn(*job)`` for every job, the first in this thread, each other in a new
     thread (the loops release the GIL); re-raises their errors."""
-    if len(jobs) == 1:
-        fn(*jobs[0])
-        return
     errors: list[BaseException] = []
 
     def run(job: tuple) -> None:
@@ -588,21 +597,18 @@ def forward(
 
     Returns
     -------
-    y : ndarray, shape and dtype of ``x``
-        The output (``out[0]`` when given).
+    y : ndarray, shape and dtype of ``x`` (``out[0]`` when given)
     cache : LayerNormCache
         ``xhat`` (dtype of ``x``), ``rstd`` (float64) and a copy of ``gamma``.
 
     Raises
     ------
     TypeError, ValueError
-        What :func:`lnorm.core.forward` raises for ``x``, ``gamma``, ``beta``
-        and ``eps``; an ``out`` that :func:`lnorm.validate.check_forward_out`
-        refuses; ``threads`` not an integer >= 1.
+        As :func:`lnorm.core.forward`; an ``out`` that
+        :func:`lnorm.validate.check_forward_out` refuses; bad ``threads``.
 
     Examples
     --------
-    >>> import numpy as np
     >>> y, cache = forward(np.array([[1.0, 3.0]]), np.ones(2), np.zeros(2), eps=1e-12)
     >>> y, cache.rstd.dtype
     (array([[-1.,  1.]]), dtype('float64'))
@@ -616,16 +622,15 @@ def forward(
     threads = check_int(threads, "threads", 1, _THREADS_HINT)
 
     x2 = _rows_for_loop(x)
-    y = _output(y_out, x2.shape, x.dtype)
-    xhat = _output(xhat_out, x2.shape, x.dtype)
+    y = _output(y_out, x2.shape, x.dtype, x2)
+    xhat = _output(xhat_out, x2.shape, x.dtype, x2, y)
     rstd = np.empty(x2.shape[0], dtype=ACC_DTYPE)
     g = gamma.astype(ACC_DTYPE, copy=False)
     b = beta.astype(ACC_DTYPE, copy=False)
     if x2.shape[0]:
-        _in_threads(_forward_rows, [
-            (x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e], _streams(y, D))
-            for a, e in _split(x2.shape[0], threads)
-        ])
+        loop = _forward_rows_streamed if _streams(y, D) else _forward_rows
+        _in_threads(loop, [(x2[a:e], g, b, eps, y[a:e], xhat[a:e], rstd[a:e])
+                           for a, e in _split(x2.shape[0], threads)])
     y = _deliver(y, y_out, x.shape, x.dtype)
     xhat = _deliver(xhat, xhat_out, x.shape, x.dtype)
     return y, make_cache(xhat, rstd.reshape(x.shape[:-1]), gamma)
@@ -655,22 +660,17 @@ def backward(
 
     Returns
     -------
-    dx : ndarray, shape and dtype of ``x``
-        Gradient with respect to ``x`` (``out`` when given).
+    dx : ndarray, shape and dtype of ``x`` (``out`` when given)
     dgamma, dbeta : ndarray, shape (D,), dtype of ``gamma``
-        Summed in the fixed order of the module docstring.
 
     Raises
     ------
     TypeError, ValueError
-        What :func:`lnorm.core.backward` raises for ``dy`` and ``cache``; an
-        ``out`` that :func:`lnorm.validate.check_backward_out` refuses (it
-        must not share memory with ``dy`` or the cache's ``xhat``);
-        ``threads`` not an integer >= 1.
+        As :func:`lnorm.core.backward`; an ``out`` that
+        :func:`lnorm.validate.check_backward_out` refuses; bad ``threads``.
 
     Examples
     --------
-    >>> import numpy as np
     >>> y, cache = forward(np.array([[1.0, 2.0, 4.0]]), np.ones(3), np.zeros(3))
     >>> dx, dgamma, dbeta = backward(np.ones((1, 3)), cache)
     >>> float(abs(dx).max()) < 1e-15
@@ -683,7 +683,7 @@ def backward(
     dy2 = _rows_for_loop(dy)
     xhat2 = _rows_for_loop(cache.xhat)
     rows = dy2.shape[0]
-    dx = _output(out, dy2.shape, cache.dtype)
+    dx = _output(out, dy2.shape, cache.dtype, dy2, xhat2)
     partial_dgamma = np.zeros((_chunked_block_count(rows, D), D), dtype=ACC_DTYPE)
     partial_dbeta = np.zeros_like(partial_dgamma)
     args = (dy2, xhat2, cache.gamma.astype(ACC_DTYPE), cache.rstd.reshape(-1), dx,

@@ -373,6 +373,67 @@ def test_the_default_schedule_is_fused():
         assert np.array_equal(a, b)
 
 
+def _page_distance(a: np.ndarray, b: np.ndarray) -> int:
+    """How far apart the starts of a and b are, modulo 4 KiB (0 to 2048)."""
+    d = (a.ctypes.data - b.ctypes.data) % 4096
+    return min(d, 4096 - d)
+
+
+@pytest.mark.parametrize("offsets", [(16,), (16, 16), (0, 272, 2064), (4032, 64, 512)])
+def test_arrays_are_placed_apart_modulo_a_page(monkeypatch, offsets):
+    # Arrays at chosen places in a page stand for the inputs a loop streams.
+    monkeypatch.setattr(fused, "APART_FROM_BYTES", 0)
+    buf = np.empty(3 * 8192, np.uint8)
+    base = (-buf.ctypes.data) % 4096
+    others = [buf[base + 4096 * i + o :][:64] for i, o in enumerate(offsets)]
+    a = fused.empty_apart((3, 5), np.float32, *others)
+    assert a.shape == (3, 5) and a.dtype == np.float32 and a.flags.c_contiguous
+    assert a.ctypes.data % 64 == 0
+    assert all(_page_distance(a, o) >= fused.APART_BYTES for o in others)
+    assert fused.empty_apart((0, 4), np.float64, *others).shape == (0, 4)
+
+
+def test_placement_with_more_others_than_always_fit(monkeypatch):
+    # 64 line-aligned starts; eight others ruling out 7 each leave 8 free, but
+    # 16 others spread over the page can rule out all: take the farthest.
+    monkeypatch.setattr(fused, "APART_FROM_BYTES", 0)
+    buf = np.empty(17 * 4096, np.uint8)
+    base = (-buf.ctypes.data) % 4096
+    others = [buf[base + 4096 * i + 256 * i :][:64] for i in range(16)]
+    a = fused.empty_apart(7, np.float32, *others)
+    assert a.shape == (7,) and a.ctypes.data % 64 == 0
+    # Every 256th byte is taken: the best start is 128 bytes from its neighbours.
+    assert min(_page_distance(a, o) for o in others) == 128
+
+
+def test_only_large_arrays_are_moved():
+    # From APART_FROM_BYTES on (np.empty touches no memory: this is cheap).
+    others = [np.empty(fused.APART_FROM_BYTES // 4, np.float32)]
+    big = fused.empty_apart((fused.APART_FROM_BYTES // 4,), np.float32, *others)
+    assert _page_distance(big, others[0]) >= fused.APART_BYTES
+    small = fused.empty_apart((16,), np.float32, *others)
+    assert small.flags.owndata
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_outputs_are_apart_from_the_arrays_they_are_streamed_with(
+    monkeypatch, dtype
+):
+    # Rows of 4 KiB (D = 1024 float32) put element j of every row of every
+    # array at the same place in a page; the library's own arrays move apart
+    # (from APART_FROM_BYTES on: set to 0 here to keep the arrays small).
+    monkeypatch.setattr(fused, "APART_FROM_BYTES", 0)
+    x, gamma, beta, dy = make_inputs((8, 1024), dtype, seed=2)
+    y, cache = fused.forward(x, gamma, beta)
+    dx, _, _ = fused.backward(dy, cache)
+    assert _page_distance(y, x) >= fused.APART_BYTES
+    assert _page_distance(cache.xhat, x) >= fused.APART_BYTES
+    assert _page_distance(cache.xhat, y) >= fused.APART_BYTES
+    assert _page_distance(dx, dy) >= fused.APART_BYTES
+    assert _page_distance(dx, cache.xhat) >= fused.APART_BYTES
+    assert y.flags.c_contiguous and dx.flags.c_contiguous
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "shape", [(5, 1), (0, 4), (fused.BLOCK_ROWS + 7, 800), (2, 3, 8)]

@@ -19,7 +19,7 @@ import numpy as np
 
 import variants as V
 
-SHAPES = [(8, 512, 1024), (32, 1024, 1024)]
+from lnorm.bench import DEFAULT_SHAPES as SHAPES
 
 
 def main() -> None:
@@ -28,7 +28,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=11)
     p.add_argument("--main", default="c504527")
     args = p.parse_args()
+    # main2 is main again, built as another module: how far two identical
+    # copies of the loop drift apart in one process (code placement, noise).
     mods = {"main": V.build("fused_main", V.source(args.main)),
+            "main2": V.build("fused_main2", V.source(args.main) + "\n# again\n"),
             "new": V.build("fused_new", V.source(None))}
     rows = []
     for shape in SHAPES:
@@ -36,14 +39,17 @@ def main() -> None:
             t, _ = V.paired(mods, shape, dtype, args.rounds)
             for direction in ("forward", "backward"):
                 r = t["new", direction] / t["main", direction]
+                r2 = t["main2", direction] / t["main", direction]
                 row = {"shape": list(shape), "dtype": dtype, "direction": direction,
                        "new_over_main": float(np.median(r)), "min": float(r.min()),
                        "max": float(r.max()), "rounds": len(r),
+                       "main2_over_main": float(np.median(r2)),
                        "main_x_floor": float(np.median(t["main", direction])),
                        "new_x_floor": float(np.median(t["new", direction]))}
                 rows.append(row)
                 print(f"{str(shape):16} {dtype:8} {direction:8} new/main "
                       f"{row['new_over_main']:.3f} ({row['min']:.3f}-{row['max']:.3f})"
+                      f" main2/main {row['main2_over_main']:.3f}"
                       f"  x floor: main {row['main_x_floor']:.2f} new "
                       f"{row['new_x_floor']:.2f}", flush=True)
     if args.out:
