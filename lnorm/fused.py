@@ -90,14 +90,14 @@ __all__ = ["forward", "backward", "empty_apart", "BLOCK_ROWS", "GROUP_ROWS",
 #: Rows per block of the ``dgamma``/``dbeta`` partial sums.
 BLOCK_ROWS = 256
 
-#: Rows whose first sweeps run together in the backward: one load and store of
-#: the ``dgamma``/``dbeta`` accumulators per four rows, eight read streams.
+#: Rows whose first sweeps run together in the backward, which then loads and
+#: stores the ``dgamma``/``dbeta`` accumulators once per four rows.
 GROUP_ROWS = 4
 
 #: The shortest row the backward takes in groups (shorter ran slower so).
 GROUP_FROM_D = 768
 
-#: Rows per chunk of the backward: a chunk fills ``dgamma``/``dbeta`` blocks of
+#: Rows per chunk of the backward. A chunk fills ``dgamma``/``dbeta`` blocks of
 #: its own (grouped as a batch of its own), so threads can take whole chunks.
 CHUNK_ROWS = 1024
 
@@ -122,7 +122,7 @@ def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
     return max(sizes[1:], default=default)
 
 
-#: Bytes of an output from which the loops stream it: half the largest data
+#: Bytes of an output from which the loops stream it, half the largest data
 #: cache of CPU 0. A smaller output is better left in cache for its reader.
 STREAM_BYTES = _last_level_cache_bytes() // 2
 

@@ -85,13 +85,13 @@ __all__ = [
     "machine",
 ]
 
-#: Input shapes :func:`run` (and ``python -m lnorm.bench``) times by default:
+#: Input shapes :func:`run` (and ``python -m lnorm.bench``) times by default;
 #: the last is past the last-level caches of common CPUs, where
 #: :mod:`lnorm.fused` writes with streaming stores.
 DEFAULT_SHAPES = ((8, 512, 1024), (32, 1024, 1024), (64, 1024, 1024))
 #: The rungs of the ladder, slowest first.
 IMPLEMENTATIONS = ("reference", "tiled", "fused")
-#: What :func:`run` times: the ladder and the library's default call.
+#: What :func:`run` times, the ladder and the library's default call.
 MEASURED = IMPLEMENTATIONS + ("default",)
 EPS = 1e-5
 MIB = 2**20
