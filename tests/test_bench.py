@@ -1,6 +1,7 @@
-"""Tests for lnorm.bench: the reference it times is correct, the report is
-well formed, and the floor it divides by is the hand-counted byte count.
-(No timed assertions: timings are reported, never tested.)"""
+"""Tests for lnorm.bench and its command line (lnorm/bench/__main__.py): the
+reference it times is correct, the report is well formed, and the floor it
+divides by is the hand-counted byte count. (No timed assertions: timings are
+reported, never tested.)"""
 
 import json
 from pathlib import Path
@@ -11,6 +12,7 @@ from reference import chain_rule_backward, chain_rule_forward, max_rel_err
 
 import lnorm
 from lnorm import bench
+from lnorm.bench import __main__ as cli
 from lnorm.inputs import make_inputs
 
 SMALL_SHAPE = ["2", "4", "16"]  # 8 rows of D = 16
@@ -18,7 +20,7 @@ SMALL_SHAPE = ["2", "4", "16"]  # 8 rows of D = 16
 
 def _quick_json(capsys, *extra):
     assert (
-        bench.main(
+        cli.main(
             ["--quick", "--json", "--repeat", "2", "--shape", *SMALL_SHAPE, *extra]
         )
         == 0
@@ -39,6 +41,20 @@ def _small_copy(monkeypatch):
     """A copy yardstick of 64 bytes, for tests that do not look at its size
     (the real one is four times the last-level cache, gigabytes here)."""
     monkeypatch.setattr(bench, "copy_arrays", lambda: (np.ones(8), np.empty(8)))
+
+
+def test_without_options_the_bench_times_float32_and_float16(monkeypatch, capsys):
+    seen = []
+
+    def fake_run(shapes, dtypes, **kwargs):
+        seen.append((tuple(shapes), tuple(dtypes), kwargs["repeat"]))
+        return {"machine": {"cpu": "x", "blas_threads": 1}, "repeat": 1, "results": []}
+
+    monkeypatch.setattr(cli, "run", fake_run)
+    assert cli.main([]) == 0 and cli.main(["--quick"]) == 0
+    assert seen == [(bench.DEFAULT_SHAPES, ("float32", "float16"), 7),
+                    (cli.QUICK_SHAPES, ("float32",), 5)]
+    assert "(no measurements)" in capsys.readouterr().out
 
 
 def test_quick_json_report_is_well_formed(capsys):
@@ -125,7 +141,7 @@ def test_table_has_one_line_per_measurement(capsys, monkeypatch):
         "float64",
         "float16",
     ]
-    assert bench.main(argv) == 0
+    assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "xfloor" in out and "GB/s" in out
     lines = [ln for ln in out.splitlines() if ln.strip().startswith("(2, 4, 16)")]
@@ -158,7 +174,7 @@ def test_progress_line_appears_only_for_long_runs(capsys):
 )
 def test_bad_options_exit_with_usage_error(argv, capsys):
     with pytest.raises(SystemExit) as err:
-        bench.main(argv)
+        cli.main(argv)
     assert err.value.code == 2
     assert "usage" in capsys.readouterr().err
 
