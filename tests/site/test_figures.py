@@ -212,3 +212,16 @@ def test_no_figure_text_below_the_least_size(docname: str) -> None:
         f"{docname}: text below {MIN_FONT_PT} pt in its figures: {small}; "
         "leave the size to the book's style (book/lnorm.mplstyle)"
     )
+
+
+def test_the_style_sets_legible_text() -> None:
+    """The style's text sizes and resolution: what the 9-px law above rests on."""
+    import matplotlib
+
+    style = matplotlib.rc_params_from_file(
+        ROOT / "book" / "lnorm.mplstyle", use_default_template=False
+    )
+    assert style["figure.dpi"] == 100
+    for key in ("font.size", "axes.titlesize", "axes.labelsize", "xtick.labelsize",
+                "ytick.labelsize", "legend.fontsize", "legend.title_fontsize"):
+        assert float(style[key]) >= MIN_FONT_PT, f"lnorm.mplstyle: {key} below 9 pt"
