@@ -45,7 +45,8 @@ from built_site import (
 )
 
 # Pages of the table of contents that are not chapters: no frame.
-NOT_CHAPTERS = {"book/intro", "book/07_references", "book/glossary"}
+NOT_CHAPTERS = {
+    "book/intro", "book/07_references", "book/glossary", "book/terms"}
 
 
 def is_chapter(doc: str) -> bool:
