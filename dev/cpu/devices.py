@@ -17,7 +17,6 @@ import argparse
 import json
 
 import numpy as np
-
 import variants as V
 
 MAIN = "c504527"
@@ -97,7 +96,8 @@ def main() -> None:
                            "off_seconds": t[off, direction].tolist()}
                     rows.append(row)
                     print(f"{device:36} {str(shape):16} {dtype:8} {direction:8} "
-                          f"{row['on_over_off']:.3f} ({row['min']:.3f}-{row['max']:.3f}) "
+                          f"{row['on_over_off']:.3f} "
+                          f"({row['min']:.3f}-{row['max']:.3f}) "
                           f"best {row['best_on_over_best_off']:.3f}",
                           flush=True)
     if args.out:

@@ -16,7 +16,6 @@ import argparse
 import json
 
 import numpy as np
-
 import variants as V
 
 from lnorm.bench import DEFAULT_SHAPES as SHAPES

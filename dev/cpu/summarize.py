@@ -18,13 +18,16 @@ def main() -> None:
     table: dict = {}
     for run in runs:
         for row in run["rows"]:
-            k = (row.get("device", ""), tuple(row["shape"]), row["dtype"], row["direction"])
+            k = (row.get("device", ""), tuple(row["shape"]), row["dtype"],
+                 row["direction"])
             table.setdefault(k, []).append(row)
     if kind == "devices":
-        print("| device | shape | dtype | pass | on/off, median of 3 runs | the 3 runs | rounds' range |")
+        print("| device | shape | dtype | pass | on/off, median of 3 runs "
+              "| the 3 runs | rounds' range |")
         print("|---|---|---|---|---:|---|---|")
     else:
-        print("| shape | dtype | pass | new/main, median of 3 | the 3 runs | rounds' range "
+        print("| shape | dtype | pass | new/main, median of 3 | the 3 runs "
+              "| rounds' range "
               "| x floor main | x floor new |")
         print("|---|---|---|---:|---|---|---:|---:|")
     for (device, shape, dtype, direction), rows in table.items():
