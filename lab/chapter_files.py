@@ -87,26 +87,34 @@ def equations(text: str) -> list[tuple[str, str]]:
 
 
 def lab_cell(root: Path, path: str) -> dict[str, Any] | None:
-    """The cell make lab puts at the top of chapter ``path`` (None if ``path``
-    is no chapter of ``_toc.yml``)."""
+    """The cell make lab puts at the top of page ``path`` (None if ``path``
+    is no chapter of ``_toc.yml`` and not its first page, which has no
+    number)."""
     docs = chapters(root)
     doc = path.removesuffix(".md")
-    if doc not in docs:
+    first = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))["root"]
+    if doc not in docs and doc != first:
         return None
-    number = docs.index(doc) + 1
     text = (root / path).read_text(encoding="utf-8")
     here = {label for label, _ in equations(text)}
     cited = set(EQ_ROLE.findall(text)) - here
-    numbering = {
-        kind: {"enumerator": f"{number}.%s"} for kind in ("equation", "exercise")
-    }
     lines = [
-        "---",
-        yaml.safe_dump({"numbering": numbering}, default_flow_style=None).strip(),
-        "---",
-        f"*Added by `make lab`, never saved:* chapter {number}'s numbering for "
-        "jupyterlab-myst, and the equations of other chapters that it cites.",
+        "*Added by `make lab`, never saved:* the equations of other chapters "
+        "cited here, with the site's numbers, for jupyterlab-myst."
     ]
+    if doc in docs:
+        number = docs.index(doc) + 1
+        numbering = {
+            kind: {"enumerator": f"{number}.%s"} for kind in ("equation", "exercise")
+        }
+        front = yaml.safe_dump({"numbering": numbering}, default_flow_style=None)
+        lines = [
+            "---",
+            front.strip(),
+            "---",
+            f"*Added by `make lab`, never saved:* chapter {number}'s numbering for "
+            "jupyterlab-myst, and the equations of other chapters that it cites.",
+        ]
     for other_number, other in enumerate(docs, 1):
         if other == doc or not cited or not (root / f"{other}.md").exists():
             continue

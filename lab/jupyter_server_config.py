@@ -23,3 +23,6 @@ c.ContentsManager.preferred_dir = "book"
 c.LabApp.custom_css = True
 # Not a configurable trait: set in the web application's settings instead.
 c.ServerApp.tornado_settings = {"static_custom_path": [str(HERE / "custom")]}
+# Kernels encrypt their messages (CurveZMQ, which pyzmq ships): no warning about
+# plain TCP in the terminal.
+c.KernelManager.transport_encryption = "auto"

@@ -182,6 +182,7 @@ class Lab:
     token: str
     tree: Path  # the copy of the repository
     root: Path  # the folder it serves
+    log: Path  # the server's output
 
     def api(self, method: str, path: str, body: Any = None) -> Any:
         """A call to the server's REST API (the contents API for chapters)."""
@@ -285,7 +286,7 @@ def serve(
             cwd=tree,
             start_new_session=True,  # make and its jupyter, stopped together
         )
-    lab = Lab(f"http://127.0.0.1:{port}", token, tree, root)
+    lab = Lab(f"http://127.0.0.1:{port}", token, tree, root, log)
     try:
         wait_for_server(lab, process, log)
         yield lab
@@ -609,7 +610,6 @@ def test_references_and_exercises_read_as_on_the_site(
 ) -> None:
     numbers, n = site_numbers(), chapter_number(doc)
     text = CODE_CELL.sub("", (ROOT / f"{doc}.md").read_text())
-    unlabelled = sum(1 for m in DISPLAY.finditer(text) if not m["label"])
     stages = [("before", runs[doc].opened)]
     if runs[doc].after is not None:
         stages.append(("after Run All", runs[doc].after))
@@ -618,20 +618,14 @@ def test_references_and_exercises_read_as_on_the_site(
         refs = [r for c in markdown for r in c["refs"]]
         if "{eq}`" in text:
             assert refs, f"{doc} ({when}): no equation reference rendered"
-        # Every equation reference resolves (no warning label), to the site's
-        # number for other chapters' equations, and for this chapter's when
-        # jupyterlab-myst numbers the same equations as the site.
-        warnings = [w for c in markdown for w in c["notFound"] if "Citation" not in w]
-        assert not warnings, f"{doc} ({when}): unresolved {warnings}"
+        # Every equation reference resolves and shows the site's number.
         for label, shown in refs:
-            mine = n is not None and numbers[label].startswith(f"{n}.")
-            if not mine or not unlabelled:
-                assert shown == f"({numbers[label]})", (
-                    f"{doc} ({when}): {label} shows {shown}, the site "
-                    f"({numbers[label]})"
-                )
-            else:
-                assert shown.startswith(f"({n}."), (doc, when, label, shown)
+            assert shown == f"({numbers[label]})", (
+                f"{doc} ({when}): {label} shows {shown}, the site ({numbers[label]})"
+            )
+        # No reference or citation shows jupyterlab-myst's warning label.
+        warnings = [w for c in markdown for w in c["notFound"]]
+        assert not warnings, f"{doc} ({when}): unresolved {warnings}"
         # Exercises are numbered n.1, n.2, ... as on the site.
         titles = [t for c in markdown for t in c["exercises"]]
         expected = [f"Exercise {n}.{k}" for k in range(1, len(titles) + 1)]
@@ -692,6 +686,14 @@ def chapter_files(tree: Path) -> dict[str, bytes]:
         and not ignored & set(p.relative_to(tree).parts)
         and p.suffix != ".ipynb"
     }
+
+
+def test_make_lab_finds_the_jupytext_configuration(
+    runs: dict[str, Run], lab: Lab
+) -> None:
+    assert "Loaded Jupytext configuration file at /jupytext.toml" in (
+        lab.log.read_text()
+    )
 
 
 def test_running_and_saving_leave_every_chapter_as_it_was(
