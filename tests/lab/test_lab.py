@@ -351,22 +351,26 @@ def state(b: Browser, path: str) -> list[dict[str, Any]]:
     return b.evaluate(CELL_STATE.replace("PANEL", panel(path)))
 
 
-def open_chapter(b: Browser, path: str) -> None:
+def open_chapter(b: Browser, path: str, kernel: bool = True) -> None:
+    """Open ``path`` as a notebook; with no kernel unless it is to be run."""
     p = panel(path)
+    preference = "" if kernel else ", kernelPreference: {shouldStart: false}"
     b.evaluate(
         "window.lnormPanels = window.lnormPanels || {}, "
         "window.jupyterapp.commands.execute('docmanager:open', "
-        f"{{path: {json.dumps(path)}, factory: 'Jupytext Notebook'}})"
+        f"{{path: {json.dumps(path)}, factory: 'Jupytext Notebook'{preference}}})"
         f".then(w => {{ {p} = w; return w.context.ready; }})"
         f".then(() => {p}.sessionContext.ready).then(() => true)"
     )
+    idle = (
+        f"{p}.sessionContext.session?.kernel?.status === 'idle' && " if kernel else ""
+    )
     b.wait_for(
-        f"{p}.content.widgets.length > 0 && "
-        f"{p}.sessionContext.session?.kernel?.status === 'idle' && "
+        f"{p}.content.widgets.length > 0 && {idle}"
         f"{p}.content.widgets.every(w => w.model.type !== 'markdown'"
         " || w.inputHidden || w.node.querySelector('.jp-InputArea > .myst'))",
         60,
-        f"{path} to open, rendered, with an idle kernel",
+        f"{path} to open, rendered" + (", with an idle kernel" if kernel else ""),
     )
 
 
@@ -423,29 +427,18 @@ def save(b: Browser, path: str) -> None:
 @pytest.fixture(scope="module")
 def runs(browser: Browser) -> dict[str, Run]:
     """Every chapter opened and read back, and those of run_chapters() run top
-    to bottom (autosaving meanwhile), read back and saved, once."""
+    to bottom (autosaving meanwhile), read back and saved, once.
+
+    While the first chapter runs, the chapters not run are opened and read
+    (with no kernel): Run All has already queued every cell of the first.
+    """
     shots = os.environ.get("LNORM_LAB_SCREENSHOTS")
     to_run = run_chapters()
+    others = [d for d in chapters() if d not in to_run]
     results: dict[str, Run] = {}
-    for doc in chapters():
+
+    def read(doc: str, start: float, before: Any, after: Any = None) -> None:
         path = f"{doc}.md"
-        start = time.monotonic()
-        open_chapter(browser, path)
-        before = state(browser, path)
-        after = None
-        if doc in to_run:
-            if shots:
-                browser.screenshot(Path(shots) / f"{Path(doc).name}-before.png")
-            start_run_all(browser, path)
-            browser.wait_for(finished(path), 300, f"Run All of {path}")
-            after = state(browser, path)
-            if shots:
-                to_front(browser, path)
-                time.sleep(0.5)
-                browser.screenshot(Path(shots) / f"{Path(doc).name}-after.png")
-            # Past an autosave interval, then Save.
-            time.sleep(1.5)
-            save(browser, path)
         browser.evaluate(EXPAND.replace("PANEL", panel(path)))
         browser.wait_for(
             f"{panel(path)}.content.widgets.every(w => w.model.type !== "
@@ -456,6 +449,34 @@ def runs(browser: Browser) -> dict[str, Run]:
         opened = state(browser, path)
         close_chapter(browser, path)
         results[doc] = Run(before, after, opened, time.monotonic() - start)
+
+    def read_others() -> None:
+        while others:
+            doc = others.pop(0)
+            start = time.monotonic()
+            open_chapter(browser, f"{doc}.md", kernel=False)
+            read(doc, start, state(browser, f"{doc}.md"))
+
+    for doc in to_run:
+        path = f"{doc}.md"
+        start = time.monotonic()
+        open_chapter(browser, path)
+        before = state(browser, path)
+        if shots:
+            browser.screenshot(Path(shots) / f"{Path(doc).name}-before.png")
+        start_run_all(browser, path)
+        read_others()
+        browser.wait_for(finished(path), 300, f"Run All of {path}")
+        after = state(browser, path)
+        if shots:
+            to_front(browser, path)
+            time.sleep(0.5)
+            browser.screenshot(Path(shots) / f"{Path(doc).name}-after.png")
+        # Past an autosave interval, then Save.
+        time.sleep(1.5)
+        save(browser, path)
+        read(doc, start, before, after)
+    read_others()
     return results
 
 
@@ -610,9 +631,12 @@ def test_references_and_exercises_read_as_on_the_site(
 ) -> None:
     numbers, n = site_numbers(), chapter_number(doc)
     text = CODE_CELL.sub("", (ROOT / f"{doc}.md").read_text())
-    stages = [("before", runs[doc].opened)]
-    if runs[doc].after is not None:
-        stages.append(("after Run All", runs[doc].after))
+    # As opened, then with every cell opened (after Run All, where it ran).
+    ran = runs[doc].after is not None
+    stages = [
+        ("before Run All", runs[doc].before),
+        ("after Run All" if ran else "cells opened", runs[doc].opened),
+    ]
     for when, cells in stages:
         markdown = [c for c in cells if c["type"] == "markdown" and not c["labCell"]]
         refs = [r for c in markdown for r in c["refs"]]
@@ -670,10 +694,10 @@ def test_what_lab_shows_is_saved_as_it_was(doc: str) -> None:
     ]
     shown = [cf.display(c, labels) for c in chapter]
     assert [cf.undisplay(s, chapter, labels, shown) for s in shown] == chapter
-    for source, seen in zip(chapter, shown):
-        if seen != source:
-            edited = cf.undisplay(seen + "\n\nMine.", chapter, labels, shown)
-            assert edited == source + "\n\nMine."
+    rewritten = [(c, s) for c, s in zip(chapter, shown) if s != c]
+    for source, seen in rewritten[:3]:
+        edited = cf.undisplay(seen + "\n\nMine.", chapter, labels, shown)
+        assert edited == source + "\n\nMine."
 
 
 def chapter_files(tree: Path) -> dict[str, bytes]:
