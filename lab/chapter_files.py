@@ -86,15 +86,20 @@ def equations(text: str) -> list[tuple[str, str]]:
     ]
 
 
+def is_page(root: Path, path: str) -> bool:
+    """Whether ``path`` is a chapter of ``_toc.yml`` or its first page."""
+    if not (root / "_toc.yml").exists():
+        return False
+    first = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))["root"]
+    return path.removesuffix(".md") in [*chapters(root), first]
+
+
 def lab_cell(root: Path, path: str) -> dict[str, Any] | None:
-    """The cell make lab puts at the top of page ``path`` (None if ``path``
-    is no chapter of ``_toc.yml`` and not its first page, which has no
-    number)."""
+    """The cell make lab puts at the top of page ``path`` of :func:`is_page`
+    (None if there is nothing to put: a page with no number that cites no
+    other chapter's equation)."""
     docs = chapters(root)
     doc = path.removesuffix(".md")
-    first = yaml.safe_load((root / "_toc.yml").read_text(encoding="utf-8"))["root"]
-    if doc not in docs and doc != first:
-        return None
     text = (root / path).read_text(encoding="utf-8")
     here = {label for label, _ in equations(text)}
     cited = set(EQ_ROLE.findall(text)) - here
@@ -113,8 +118,13 @@ def lab_cell(root: Path, path: str) -> dict[str, Any] | None:
             front.strip(),
             "---",
             f"*Added by `make lab`, never saved:* chapter {number}'s numbering for "
-            "jupyterlab-myst, and the equations of other chapters that it cites.",
+            "jupyterlab-myst"
+            + (
+                ", and the equations of other chapters that it cites." if cited else "."
+            ),
         ]
+    if doc not in docs and not cited:
+        return None
     for other_number, other in enumerate(docs, 1):
         if other == doc or not cited or not (root / f"{other}.md").exists():
             continue
@@ -412,13 +422,15 @@ class ChapterContentsManager(AsyncTextFileContentsManager):
             path, content=content, type=type, format=format, **kwargs
         )
         if content and model["type"] == "notebook" and path.endswith(".md"):
-            cell = lab_cell(Path(self.root_dir), path.strip("/"))
-            if cell is not None:
+            root, page = Path(self.root_dir), path.strip("/")
+            if is_page(root, page):
                 labels = self._labels(path)
                 for c in model["content"].cells:
                     if c.cell_type == "markdown":
                         c.source = display(c.source, labels)
-                model["content"].cells.insert(0, cell)
+                cell = lab_cell(root, page)
+                if cell is not None:
+                    model["content"].cells.insert(0, cell)
         return model
 
     def _labels(self, path: str) -> dict[str, tuple[str, str]]:
