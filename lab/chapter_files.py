@@ -380,10 +380,12 @@ def save_text(
         meta = {k: v for k, v in cell["metadata"].items() if k not in VIEW_STATE}
         if authored.get(i):
             meta["jupyter"] = authored[i]
-        new_cell = {"cell_type": cell["cell_type"], "source": cell["source"]}
-        if cell["cell_type"] == "code":
-            new_cell.update(outputs=[], execution_count=None)
-        cells.append(nbformat.from_dict({**new_cell, "metadata": meta}))
+        make = {
+            "code": nbformat.v4.new_code_cell,
+            "markdown": nbformat.v4.new_markdown_cell,
+            "raw": nbformat.v4.new_raw_cell,
+        }[cell["cell_type"]]
+        cells.append(make(cell["source"], metadata=meta))
     body = notebook_to_myst(
         nbformat.v4.new_notebook(cells=cells), default_lexer="ipython3"
     )

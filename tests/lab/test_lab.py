@@ -34,6 +34,7 @@ before and after *Run All*.
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
 import re
@@ -805,3 +806,35 @@ def test_a_chapter_only_run_is_saved_unchanged(
         assert after == before, "a chapter only opened and run was rewritten"
     else:
         assert after != before, "the negative control did not see the rewrite"
+
+
+def test_save_text_writes_only_the_edit_or_the_cells() -> None:
+    """save_text in lab/chapter_files.py, without a server: nothing edited
+    gives None; an edited prose cell with a citation is written back with its
+    {cite} role, the rest of the file as it was; an added cell makes jupytext
+    write the cells, with the front matter as it was."""
+    cf = chapter_files_module()
+    labels = cf.cite_labels(ROOT / "book" / "references.bib")
+    doc = next(d for d in chapters() if "{cite}`" in (ROOT / f"{d}.md").read_text())
+    text = (ROOT / f"{doc}.md").read_text()
+    notebook = cf.myst_to_notebook(text)
+    for cell in notebook.cells:
+        if cell.cell_type == "markdown":
+            cell.source = cf.display(cell.source, labels)
+    assert cf.save_text(text, notebook, labels) is None
+    cited = next(c for c in notebook.cells if "references.bib" in c.source)
+    cited.source += " Mine."
+    edited = cf.save_text(text, notebook, labels)
+    assert edited is not None
+    changed = [
+        line
+        for line in difflib.ndiff(text.splitlines(), edited.splitlines())
+        if line[:1] in "+-"
+    ]
+    assert len(changed) == 2 and changed[1].endswith(" Mine."), changed
+    assert "{cite" in changed[1] or "{cite" not in changed[0]
+    notebook.cells.insert(1, cf.nbformat.v4.new_code_cell("x = 1"))
+    rewritten = cf.save_text(text, notebook, labels)
+    front = text[: text.index("\n---\n", 4) + 5]
+    assert rewritten.startswith(front)
+    assert "x = 1" in [c.source for c in cf.myst_to_notebook(rewritten).cells]
