@@ -267,7 +267,11 @@ def serve(
         # The chapters import lnorm: the copy, first on the path.
         PYTHONPATH=str(tree),
     )
-    env.pop("JUPYTER_CONFIG_PATH", None)
+    # Not the caller's: make lab finds its own, and under `make -j2
+    # --output-sync` (make test) make's flags would hold the server's output
+    # back until it stops.
+    for name in ("JUPYTER_CONFIG_PATH", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"):
+        env.pop(name, None)
     port, token = free_port(), secrets.token_hex(8)
     options = [
         "--no-browser",
