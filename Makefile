@@ -88,11 +88,15 @@ $(LAB_SETTINGS): $(STAMP) Makefile
 	echo '{"@jupyterlab/docmanager-extension:plugin": {"defaultViewers": {"markdown": "Jupytext Notebook", "myst": "Jupytext Notebook"}},' > $@
 	echo ' "@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' >> $@
 
+# JupyterLab serves the repository, opened in book/: jupytext finds jupytext.toml
+# as its command line does. lab/jupyter_server_config.py (found through
+# JUPYTER_CONFIG_PATH) saves a chapter only where the learner edited it.
 # jupytext's server extension needs no flag: its wheel enables it in
 # $(VENV)/etc/jupyter/jupyter_server_config.d/jupytext.json.
 lab: $(STAMP) $(LAB_SETTINGS)
 	@echo "Chapters open as notebooks (jupytext); run them top to bottom with Run > Run All Cells."
-	$(VENV)/bin/jupyter lab $(ROOT_ARGS) $(LAB_ARGS) book/
+	JUPYTER_CONFIG_PATH=$(CURDIR)/lab$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH} \
+		$(VENV)/bin/jupyter lab $(ROOT_ARGS) $(LAB_ARGS)
 
 clean:
 	rm -rf $(VENV) _build .pytest_cache
