@@ -50,7 +50,7 @@ book: $(STAMP)
 
 # ruff, configured in pyproject.toml, over the package, the tests and the book's hooks.
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lnorm tests dev book/_ext book/prose.py
+	$(VENV)/bin/ruff check lnorm tests dev lab book/_ext book/prose.py
 
 # The unit and property tests, and every docstring example of the package.
 unit: $(STAMP)
