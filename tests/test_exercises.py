@@ -104,7 +104,8 @@ def imported(doc: str) -> dict:
     if str(BOOK) not in sys.path:
         sys.path.insert(0, str(BOOK))  # the chapters import prose
     namespace: dict = {"__name__": f"chapter_{doc}"}
-    exec(compile(first.source, f"{doc}.md: first cell", "exec"), namespace)
+    with contextlib.chdir(BOOK):  # where chapters run (the figure style)
+        exec(compile(first.source, f"{doc}.md: first cell", "exec"), namespace)
     return namespace
 
 
