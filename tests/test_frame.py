@@ -26,6 +26,7 @@ are exempt until the issue that rewrites them takes them off the list.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -75,7 +76,9 @@ def converted() -> list[str]:
     return [d for d in chapters() if d not in NOT_YET_CONVERTED]
 
 
+@functools.lru_cache(maxsize=None)
 def read_notebook(doc: str):
+    """The chapter as jupytext reads it, once per session (do not modify it)."""
     return jupytext.read(ROOT / f"{doc}.md")
 
 

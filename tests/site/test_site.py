@@ -301,15 +301,18 @@ WINDOW_WIDTH = 1280
 
 # After the DOM is read: open every dropdown (solutions) and every hidden cell,
 # then list each visible code box whose content is wider than the box, as
-# "box width < content width: widest line".
+# "box width < content width: widest line". The toggles switch classes at
+# once (only opacity and height are animated): two frames of layout suffice,
+# not a fixed wait; a line made too long in a hidden cell is still caught.
 SIDEWAYS = """(() => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   document.querySelectorAll('.toggle-hidden .toggle-button').forEach(b => b.click());
-  return new Promise(done => setTimeout(() => done(
+  const frame = () => new Promise(done => requestAnimationFrame(done));
+  return frame().then(frame).then(() =>
     [...document.querySelectorAll('pre')]
       .filter(p => p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1)
       .map(p => `${p.clientWidth} < ${p.scrollWidth}: ` + p.textContent.split('\\n')
-        .reduce((a, l) => (l.length > a.length ? l : a), ''))), 300));
+        .reduce((a, l) => (l.length > a.length ? l : a), '')));
 })()"""
 
 
