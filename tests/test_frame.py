@@ -40,6 +40,7 @@ from built_site import (
     INLINE_MATH,
     ROOT,
     SITE,
+    built,
     executed_cells,
     needs_site,
     toc_docnames,
@@ -298,10 +299,9 @@ def on_the_site(test):
 
 
 def page(doc: str) -> BeautifulSoup:
+    """The chapter's built page, parsed once per session (do not modify it)."""
     assert (SITE / f"{doc}.html").is_file(), f"{doc}: not in the built site {SITE}"
-    return BeautifulSoup(
-        (SITE / f"{doc}.html").read_text(encoding="utf-8"), "html.parser"
-    )
+    return built(f"{doc}.html")
 
 
 def admonitions_before_first_section(soup: BeautifulSoup) -> dict[str, object]:

@@ -31,7 +31,14 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 from bs4 import BeautifulSoup
-from built_site import ROOT, SITE, executed_cells, needs_site, toc_docnames
+from built_site import (
+    ROOT,
+    SITE,
+    built,
+    executed_cells,
+    needs_site,
+    toc_docnames,
+)
 from cdp import Browser, chromium
 
 pytestmark = needs_site
@@ -127,12 +134,6 @@ def is_notebook(docname: str) -> bool:
 
 def parse(html: str) -> BeautifulSoup:
     return BeautifulSoup(html, "html.parser")
-
-
-@functools.lru_cache(maxsize=None)
-def built(relpath: str) -> BeautifulSoup:
-    """One built HTML file, parsed once per test session (do not modify it)."""
-    return parse((SITE / relpath).read_text(encoding="utf-8"))
 
 
 @functools.lru_cache(maxsize=None)
