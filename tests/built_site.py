@@ -4,6 +4,7 @@ and the JupyterLab tests; and what of a chapter's Markdown is not prose."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from bs4 import BeautifulSoup
 
 ROOT = Path(__file__).resolve().parents[1]
 # LNORM_SITE_DIR checks a build made elsewhere (jupyter-book --path-output).
@@ -60,3 +62,10 @@ def toc_docnames() -> list[str]:
 
     walk({key: toc[key] for key in ("parts", "chapters") if key in toc})
     return [posixpath.splitext(name)[0] for name in names]
+
+
+@functools.lru_cache(maxsize=None)
+def built(relpath: str) -> BeautifulSoup:
+    """One built HTML file (``relpath`` in the site), parsed once per test session:
+    the site tests and the frame test share it (do not modify it)."""
+    return BeautifulSoup((SITE / relpath).read_text(encoding="utf-8"), "html.parser")

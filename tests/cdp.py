@@ -130,7 +130,7 @@ class Browser:
                 return value
             if time.monotonic() > deadline:
                 raise TimeoutError(f"waited {timeout:.0f} s for {what}")
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def open(self, url: str) -> None:
         self.call("Page.navigate", url=url)

@@ -7,8 +7,9 @@
 * :func:`layouts`: the same values C-ordered, Fortran-ordered and strided;
 * the ``rng`` fixture: a seeded NumPy generator;
 * the Hypothesis profiles (``tests/test_properties.py``): ``lnorm`` (the
-  default: 100 examples a test, no deadline, no example database written into
-  the tree), ``ci`` (the same, derandomized: the same examples on every run)
+  default: 100 examples a test, a quarter of them for the two invariants
+  that fail on almost any example; no deadline, no example database written
+  into the tree), ``ci`` (the same, derandomized: the same examples on every run)
   and ``thorough`` (1000 examples). Pick one with ``pytest
   --hypothesis-profile=thorough``.
 

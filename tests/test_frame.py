@@ -26,6 +26,7 @@ are exempt until the issue that rewrites them takes them off the list.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import inspect
 import re
@@ -39,6 +40,7 @@ from built_site import (
     INLINE_MATH,
     ROOT,
     SITE,
+    built,
     executed_cells,
     needs_site,
     toc_docnames,
@@ -76,7 +78,9 @@ def converted() -> list[str]:
     return [d for d in chapters() if d not in NOT_YET_CONVERTED]
 
 
+@functools.lru_cache(maxsize=None)
 def read_notebook(doc: str):
+    """The chapter as jupytext reads it, once per session (do not modify it)."""
     return jupytext.read(ROOT / f"{doc}.md")
 
 
@@ -296,10 +300,9 @@ def on_the_site(test):
 
 
 def page(doc: str) -> BeautifulSoup:
+    """The chapter's built page, parsed once per session (do not modify it)."""
     assert (SITE / f"{doc}.html").is_file(), f"{doc}: not in the built site {SITE}"
-    return BeautifulSoup(
-        (SITE / f"{doc}.html").read_text(encoding="utf-8"), "html.parser"
-    )
+    return built(f"{doc}.html")
 
 
 def admonitions_before_first_section(soup: BeautifulSoup) -> dict[str, object]:

@@ -89,7 +89,7 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 from conftest import layouts, make_inputs
-from hypothesis import assume, given, note
+from hypothesis import assume, given, note, settings
 from hypothesis import strategies as st
 from reference import chain_rule_backward, chain_rule_forward
 
@@ -108,6 +108,12 @@ UNIT_ROUNDOFF = {
 CPU_DTYPES = (np.float16, np.float32, np.float64)
 GPU_DTYPES = (np.float16, np.float32)
 IMPLS = ("default", "blocks", "gpu-emulation")
+#: Invariants 5 and 6 break on almost any example with a row or two (a write
+#: into an input, a bad value leaking into its neighbours): a quarter of the
+#: profile's examples. The others keep them all: their faults may show only
+#: at some sizes, dtypes and offsets (a layout-dependent float64 sum order
+#: fails invariant 7 in about a third of runs of 25 examples, in every run of 100).
+FEWER = settings(max_examples=max(10, settings.default.max_examples // 4))
 #: float16 dx of a near-constant row with a tiny eps may overflow to Inf (a
 #: correct rounding of a value above 65504): harmless where bits are compared.
 OVERFLOW_OK = "ignore:overflow encountered in cast:RuntimeWarning"
@@ -462,6 +468,7 @@ def test_dgamma_and_dbeta_agree_with_float64_sums(impl, data):
 
 @pytest.mark.filterwarnings(OVERFLOW_OK)
 @pytest.mark.parametrize("impl", IMPLS)
+@FEWER
 @given(data=st.data(), layout=st.sampled_from(["C", "F", "strided"]))
 def test_no_input_is_modified(impl, data, layout):
     case = data.draw(cases_for(impl))
@@ -469,8 +476,13 @@ def test_no_input_is_modified(impl, data, layout):
     x, dy = layouts(x)[layout], layouts(dy)[layout]
     arrays = (x, gamma, beta, dy)
     before = [a.tobytes() for a in arrays]
-    for a in arrays:
-        a.setflags(write=False)  # an in-place write raises
+    # Read-only, an in-place write raises where it happens. Not for the fused
+    # loops: Numba would compile a read-only variant of each for every dtype
+    # (seconds each on a clean machine); the bytes below catch a write, and
+    # tests/test_core.py and tests/test_fused.py pass them read-only arrays.
+    if impl != "default":
+        for a in arrays:
+            a.setflags(write=False)
     run_case(impl, case, arrays)
     assert [a.tobytes() for a in arrays] == before
 
@@ -495,7 +507,9 @@ def poisoned(draw, case: Case):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value:RuntimeWarning")  # GPU emulation
+@pytest.mark.filterwarnings(OVERFLOW_OK)  # in the poisoned run; clean rows are finite
 @pytest.mark.parametrize("impl", IMPLS)
+@FEWER
 @given(data=st.data())
 def test_nonfinite_values_stay_in_their_row(impl, data):
     # A row with a NaN or Inf in x: its y and dx are non-finite everywhere (its

@@ -31,7 +31,14 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 from bs4 import BeautifulSoup
-from built_site import ROOT, SITE, executed_cells, needs_site, toc_docnames
+from built_site import (
+    ROOT,
+    SITE,
+    built,
+    executed_cells,
+    needs_site,
+    toc_docnames,
+)
 from cdp import Browser, chromium
 
 pytestmark = needs_site
@@ -127,12 +134,6 @@ def is_notebook(docname: str) -> bool:
 
 def parse(html: str) -> BeautifulSoup:
     return BeautifulSoup(html, "html.parser")
-
-
-@functools.lru_cache(maxsize=None)
-def built(relpath: str) -> BeautifulSoup:
-    """One built HTML file, parsed once per test session (do not modify it)."""
-    return parse((SITE / relpath).read_text(encoding="utf-8"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -301,15 +302,18 @@ WINDOW_WIDTH = 1280
 
 # After the DOM is read: open every dropdown (solutions) and every hidden cell,
 # then list each visible code box whose content is wider than the box, as
-# "box width < content width: widest line".
+# "box width < content width: widest line". The toggles switch classes at
+# once (only opacity and height are animated): two frames of layout suffice,
+# not a fixed wait; a line made too long in a hidden cell is still caught.
 SIDEWAYS = """(() => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   document.querySelectorAll('.toggle-hidden .toggle-button').forEach(b => b.click());
-  return new Promise(done => setTimeout(() => done(
+  const frame = () => new Promise(done => requestAnimationFrame(done));
+  return frame().then(frame).then(() =>
     [...document.querySelectorAll('pre')]
       .filter(p => p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1)
       .map(p => `${p.clientWidth} < ${p.scrollWidth}: ` + p.textContent.split('\\n')
-        .reduce((a, l) => (l.length > a.length ? l : a), ''))), 300));
+        .reduce((a, l) => (l.length > a.length ? l : a), '')));
 })()"""
 
 
