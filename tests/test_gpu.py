@@ -93,15 +93,8 @@ def test_available_agrees_with_cupy():
 
 @pytest.mark.skipif(GPU_OK, reason="checks the behaviour on a machine without a GPU")
 def test_gpu_entry_points_refuse_on_a_cpu_machine():
-    calls = (
-        gpu.FusedLayerNorm,
-        gpu.run.device_info,
-        lambda: gpu.run.cuda_time(print),
-        lambda: gpu.run.benchmark(16, 16, np.float32),
-    )
-    for call in calls:
-        with pytest.raises(RuntimeError, match="needs a CUDA device"):
-            call()
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        gpu.FusedLayerNorm()
 
 
 def test_constants_are_read_from_the_source():
