@@ -237,6 +237,8 @@ def test_argument_checks_name_the_argument():
         emulate.backward(x, x, g, m.astype(np.float64), m, m)
     with pytest.raises(ValueError, match="dy must have the shape of x"):
         emulate.backward(x[:2], x, g, m, m, m)
+    with pytest.raises(ValueError, match="rstd must have shape x.shape"):
+        emulate.backward(x, x, g, m, m, m[:2])
     for bad in (0.0, -1e-5, float("nan")):  # the checks of lnorm.forward
         with pytest.raises(ValueError, match="eps must be finite and > 0"):
             emulate.forward(x, g, g, eps=bad)
