@@ -1,14 +1,8 @@
 r"""Fused layer-norm kernels in CUDA C: compiled and inspected anywhere, run on a GPU.
 
-The kernels are the ``*.cu`` files next to this module, C++ templates named
-``extern "C"`` one per line of the tables in ``layernorm_common.cu``:
-v4's forward and backward (a row per warp or per block, the row in registers
-in 16-byte vectors, both row sums by shuffles, ``dgamma``/``dbeta`` summed per
-row group and then in a fixed order, no atomics); v3's backward
-(``atomicAdd`` instead); v5's backward (a block's row groups add their column
-sums first, the next rows' loads in flight through shared memory) and its
-forward of long float16 rows; v4's kernels for rows longer than registers hold
-(``layernorm_long.cu``). Storage is float32 or float16, arithmetic float32.
+The kernels are the ``*.cu`` files next to this module (v3's, v4's and v5's,
+listed in :mod:`lnorm.gpu.kernels`); storage is float32 or float16,
+arithmetic float32.
 
 Everywhere (no GPU): NVRTC to PTX (:func:`lnorm.gpu.kernels.compile_ptx`), the
 PTX read (:mod:`lnorm.gpu.ptx`), the plan (:func:`lnorm.gpu.kernels.plan`),

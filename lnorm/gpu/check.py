@@ -65,16 +65,7 @@ def make_inputs(rows: int, D: int, dtype, seed: int = 0) -> dict[str, np.ndarray
 
 def forward_backward(forward, backward, inputs: dict,
                      rung: str = "v4") -> dict[str, np.ndarray]:
-    r"""Run ``forward`` then ``backward`` on ``inputs``; every result on the host.
-
-    Examples
-    --------
-    >>> from lnorm.gpu import emulate
-    >>> out = forward_backward(emulate.forward, emulate.backward,
-    ...                        make_inputs(4, 8, "float32"))
-    >>> list(out)
-    ['y', 'mean_hi', 'mean_lo', 'rstd', 'dx', 'dgamma', 'dbeta']
-    """
+    """Run ``forward`` then ``backward`` on ``inputs``; every result on the host."""
     x, gamma = inputs["x"], inputs["gamma"]
     rung_arg = {} if rung == "v4" else {"rung": rung}
     fwd_arg = rung_arg if rung == "v5" else {}
@@ -88,18 +79,7 @@ def forward_backward(forward, backward, inputs: dict,
 def reference(
     inputs: dict[str, np.ndarray], eps: float = 1e-5
 ) -> dict[str, np.ndarray]:
-    r"""Compute ``y``, ``dx``, ``dgamma``, ``dbeta`` in float64 for the stored inputs.
-
-    :func:`lnorm.core.forward` and :func:`lnorm.core.backward` in float64. The
-    stored inputs are converted to float64 exactly, so this is the answer for
-    the very numbers the kernel read, with errors of order 1e-16.
-
-    Examples
-    --------
-    >>> ref = reference(make_inputs(4, 8, "float16"))
-    >>> list(ref), ref["y"].dtype
-    (['y', 'dx', 'dgamma', 'dbeta'], dtype('float64'))
-    """
+    """Compute ``y``, ``dx``, ``dgamma``, ``dbeta`` in float64 for the stored inputs."""
     as64 = {k: np.asarray(v, dtype=np.float64) for k, v in inputs.items()}
     y, cache = core_forward(as64["x"], as64["gamma"], as64["beta"], eps)
     dx, dgamma, dbeta = core_backward(as64["dy"], cache)
@@ -107,18 +87,7 @@ def reference(
 
 
 def relative_errors(result: dict, ref: dict) -> dict[str, float]:
-    r"""Return the normwise relative error of ``result`` for every key of ``ref``.
-
-    ``rel = max_i |a_i - r_i| / max(max_i |a_i|, max_i |r_i|)`` with
-    ``a = result[key]`` and ``r = ref[key]``: the measure of
-    :func:`lnorm.gradcheck.compare_gradients`.
-
-    Examples
-    --------
-    >>> ref = {"y": np.array([1.0, -2.0])}
-    >>> relative_errors({"y": np.array([1.0, -2.5])}, ref)
-    {'y': 0.2}
-    """
+    """Return the normwise relative error of ``result`` for every key of ``ref``."""
     names = tuple(ref)
     got = [_host(result[k]) for k in names]
     # tol only sets the pass/fail flag, which is not used here.
@@ -127,24 +96,7 @@ def relative_errors(result: dict, ref: dict) -> dict[str, float]:
 
 
 def summation_depth(p: LaunchPlan) -> int:
-    r"""Count the additions on the longest path of the kernels' row sums, ``k``.
-
-    Each thread adds its elements (at most ``vecs_per_thread * vec``) in
-    sequence, then a warp's 32 partial sums meet in 5 shuffle rounds, and a
-    block's warps in 5 more. ``k <= LN_ELEMS_PER_THREAD + log2(threads)`` for
-    the kernels that hold the row in registers; ``chunks`` times as many
-    elements per thread for the long-row kernels.
-
-    Examples
-    --------
-    >>> from lnorm.gpu.kernels import plan
-    >>> summation_depth(plan(1, 7, np.float32))  # 1 element a thread, 5 rounds
-    6
-    >>> summation_depth(plan(1, 4096, np.float32))  # 16 a thread, 5 + 5 rounds
-    26
-    >>> summation_depth(plan(1, 12288, np.float32))  # 24 a thread (2 chunks), 5 + 5
-    34
-    """
+    """Count the additions on the longest path of the kernels' row sums, ``k``."""
     nvec = p.D // p.vec
     serial = -(-nvec // p.threads_per_row) * p.vec
     return serial + 5 + (5 if p.per_block else 0)
@@ -246,21 +198,7 @@ def atomic_check(backward, inp: dict) -> dict:
 
 def offset_errors(forward, backward, D: int, offset: float, dy_offset: float = 0.0,
                   rows: int = 16, seed: int = 0) -> dict[str, float]:
-    r"""Measure the error of float32 ``y`` and ``dx`` for rows shifted by ``offset``.
-
-    ``x`` is standard normal plus ``offset`` (the offset in units of the row's
-    spread), ``dy`` standard normal plus ``dy_offset``. ``y`` is measured
-    relative to ``max |y|``, ``dx`` relative to ``rstd max |gamma dy|`` per row
-    (the size of the terms its formula subtracts), both against
-    :func:`reference`. Returns ``{"y": ..., "dx": ...}``.
-
-    Examples
-    --------
-    >>> from lnorm.gpu import emulate
-    >>> e = offset_errors(emulate.forward, emulate.backward, 64, offset=1e4, rows=4)
-    >>> e["y"] <= error_bounds(64)["y"], e["dx"] <= error_bounds(64)["dx"]
-    (True, True)
-    """
+    """Measure the error of float32 ``y`` and ``dx`` for rows shifted by ``offset``."""
     rng = np.random.default_rng(seed)
     inp = {"x": (rng.standard_normal((rows, D)) + offset).astype(np.float32),
            "gamma": (1 + 0.1 * rng.standard_normal(D)).astype(np.float32),

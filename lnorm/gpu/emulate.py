@@ -45,17 +45,12 @@ F32 = np.float32
 
 
 def _rounded(a: np.ndarray, dtype) -> np.ndarray:
-    """``a`` (float32) rounded to the output dtype. A value past float16's range
-    becomes +-inf, as the kernels' ``cvt.rn.f16.f32`` makes it: no warning."""
+    """``a`` rounded to ``dtype``; past float16's range +-inf, as ``cvt.rn.f16.f32``."""
     with np.errstate(over="ignore"):
         return a.astype(dtype)
 
 def _lanes(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
-    """Arrange rows as the threads hold them: ``[row, i, thread, c]``, zero-padded.
-
-    Thread ``t`` holds vectors ``t, t + G, t + 2G, ...`` of ``VEC`` elements,
-    so element ``((i * G) + t) * VEC + c`` sits at ``[:, i, t, c]``.
-    """
+    """Arrange rows as the threads hold them: ``[row, i, thread, c]``, zero-padded."""
     G, vec, vpt = p.threads_per_row, p.vec, p.vecs_per_thread
     padded = np.zeros((a.shape[0], vpt * G * vec), dtype=F32)
     padded[:, : a.shape[1]] = a
@@ -72,20 +67,7 @@ def _butterfly(s: np.ndarray) -> np.ndarray:
 
 
 def row_sum(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
-    r"""Sum each row of ``a`` (float32, shape ``(rows, D)``) in the kernels' order.
-
-    Each thread adds its own elements in sequence (vector ``t``, ``t + G``,
-    ... of ``vec`` elements, ``G`` threads per row), a warp's 32 lanes meet in
-    a butterfly (lane ``i`` plus lane ``i ^ 16``, then ``^ 8``, ..., ``^ 1``),
-    and for one row per block, warp 0 combines the warps' sums the same way.
-
-    Examples
-    --------
-    >>> from lnorm.gpu.kernels import plan
-    >>> a = np.arange(2 * 600, dtype=np.float32).reshape(2, 600)
-    >>> row_sum(a, plan(2, 600, np.float32)).tolist()
-    [179700.0, 539700.0]
-    """
+    """Sum each row of ``a`` (float32, shape ``(rows, D)``) in the kernels' order."""
     lanes = _lanes(a, p)
     per_thread = np.zeros((a.shape[0], p.threads_per_row), dtype=F32)
     for i in range(p.vecs_per_thread):  # each thread: its elements in sequence
@@ -135,15 +117,7 @@ def forward(
 
 
 def strip_sums(a: np.ndarray, p: LaunchPlan) -> np.ndarray:
-    r"""Sum columns over strips of rows, as the backward kernel writes ``dgamma_part``.
-
-    Examples
-    --------
-    >>> from lnorm.gpu.kernels import plan
-    >>> p = plan(40, 4, np.float32)  # strips of 16 rows: 16, 16 and 8
-    >>> strip_sums(np.ones((40, 4), np.float32), p)[:, 0].tolist()
-    [16.0, 16.0, 8.0]
-    """
+    """Sum columns over strips of rows, as the backward writes ``dgamma_part``."""
     padded = np.zeros((p.row_groups * p.rows_per_group, p.D), dtype=F32)
     padded[: p.rows] = a
     strips = padded.reshape(p.row_groups, p.rows_per_group, p.D)
@@ -247,19 +221,7 @@ def add_in_order(part: np.ndarray, order=None) -> np.ndarray:
 
 
 def block_partials(part: np.ndarray, p: LaunchPlan) -> np.ndarray:
-    r"""Add the column sums of the row groups of each block, as v5 does.
-
-    Group ``q`` of a block hands its sums to group 0, for ``q = 1, ...,
-    P - 1`` in order (``P = p.groups_per_block``); groups past the last row
-    hold zeros.
-
-    Examples
-    --------
-    >>> from lnorm.gpu.kernels import plan
-    >>> p = plan(40, 64, np.float32, rung="v5")  # 5 warps' strips, 4 a block
-    >>> block_partials(np.ones((5, 64), np.float32), p)[:, 0].tolist()
-    [4.0, 1.0]
-    """
+    """Add the column sums of the row groups of each block, as v5 does."""
     P = p.groups_per_block
     padded = np.zeros((p.partial_rows * P, p.D), dtype=F32)
     padded[: part.shape[0]] = part

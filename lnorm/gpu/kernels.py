@@ -37,7 +37,7 @@ from ..validate import check_eps
 __all__ = [
     "SOURCE_DIR", "KERNEL_FILES", "REGISTER_FILES", "LONG_FILE", "MAX_ROW",
     "COMPILE_OPTIONS", "ARCHS", "MIN_ROWS_PER_GROUP", "MAX_ROW_GROUPS", "RUNGS",
-    "BACKWARD_KERNELS", "FORWARD_KERNELS", "PARTIALS_BUDGET", "WAVE_THREADS",
+    "BACKWARD_KERNELS", "PARTIALS_BUDGET", "WAVE_THREADS",
     "wave_blocks", "constants", "source", "kernel_params", "compile_ptx",
     "compile_binary", "LaunchPlan", "plan", "max_D", "rungs_for",
     "check_forward_args", "check_backward_args",
@@ -84,8 +84,6 @@ WAVE_THREADS = 128 * 512
 _STORAGE = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16"}
 #: The middle of each rung's backward kernel names, ``ln_<name>_...``.
 BACKWARD_KERNELS = {"v3": "bwd_atomic", "v4": "bwd", "v5": "bwd_grouped"}
-#: The same for the forward.
-FORWARD_KERNELS = {"v3": "fwd", "v4": "fwd", "v5": "fwd_grouped"}
 _MAX_VEC = {np.dtype(np.float32): 4, np.dtype(np.float16): 8}
 
 
@@ -137,20 +135,7 @@ def source(filename: str) -> str:
 
 
 def kernel_params(filename: str) -> dict[str, tuple[str, ...]]:
-    r"""Read every ``extern "C"`` kernel of a file and its parameters, from the tables.
-
-    A kernel is written either directly (``extern "C" __global__ ...``) or by
-    a macro ``#define M(SUFFIX, ...)`` declaring ``prefix##SUFFIX(...)``
-    (or forwarding to one), expanded over a table ``LN_..._VARIANTS(M)``.
-
-    Examples
-    --------
-    >>> params = kernel_params("layernorm_backward.cu")
-    >>> len(params), params["ln_bwd_reduce_params"]
-    (24, ('dgamma_part', 'dbeta_part', 'row_groups', 'D', 'dgamma', 'dbeta'))
-    >>> kernel_params("layernorm_forward.cu")["ln_fwd_warp_f16_v8"][:4]
-    ('x', 'gamma', 'beta', 'y')
-    """
+    """Read every ``extern "C"`` kernel of a file and its parameters."""
     text = re.sub(r"\\\n", " ", source(filename))  # join continuation lines
 
     def names(params: str) -> tuple[str, ...]:
@@ -248,21 +233,7 @@ def compile_ptx(filename: str, arch: str = "sm_90") -> str:
 
 
 def compile_binary(filename: str, compute_capability: int) -> tuple[bytes, str]:
-    r"""Compile one kernel file for a device: a cubin if NVRTC knows it, else PTX.
-
-    This is what :class:`lnorm.gpu.run.FusedLayerNorm` loads: the same source
-    and :data:`lnorm.gpu.kernels.COMPILE_OPTIONS` as
-    :func:`lnorm.gpu.kernels.compile_ptx`. (Compiling through
-    ``cupy.RawModule(code=...)`` instead would append ``-ftz=true``, flushing
-    subnormal numbers to zero, unlike NumPy.) NVRTC runs on the CPU: no GPU is
-    needed to compile.
-
-    Examples
-    --------
-    >>> binary, kind = compile_binary("layernorm_forward.cu", 90)
-    >>> kind, binary[:4]
-    ('cubin', b'\x7fELF')
-    """
+    """Compile one kernel file for a device: a cubin if NVRTC knows it, else PTX."""
     supported = _nvrtc().getSupportedArchs()
     if compute_capability in supported:
         return _compile(filename, f"sm_{compute_capability}", "cubin"), "cubin"
@@ -343,18 +314,7 @@ class LaunchPlan:
         return (self.backward_block or self.block) // self.threads_per_row
 
     def with_strip(self, rows_per_group: int) -> LaunchPlan:
-        r"""Return this plan with backward strips of ``rows_per_group`` rows.
-
-        The row groups, the backward's grid and the partial rows follow. The
-        kernels take any strip; ``dgamma``'s and ``dbeta``'s bits follow it,
-        ``dx``'s do not.
-
-        Examples
-        --------
-        >>> q = plan(8192, 1024, "float32").with_strip(64)
-        >>> q.rows_per_group, q.row_groups, q.backward_grid, q.partial_rows
-        (64, 128, 128, 128)
-        """
+        """Return this plan with backward strips of ``rows_per_group`` rows."""
         rows_per_group = int(rows_per_group)
         longest = (constants()["LN_LONG_STRIP"] if self.chunks > 1 and self.rung != "v5"
                    else rows_per_group)
@@ -373,17 +333,7 @@ class LaunchPlan:
 
     @property
     def partials_bytes(self) -> int:
-        r"""Backward: bytes of the partial sums, ``2 * 2 * 4 * partial_rows * D``.
-
-        Two float32 buffers, each written once by the backward kernel and read
-        once by the reduction.
-
-        Examples
-        --------
-        >>> p = plan(8192, 4096, "float16")
-        >>> p.partials_bytes, p.partials_bytes / (p.rows * p.D)
-        (33554432, 1.0)
-        """
+        """Backward: bytes of the partial sums, ``2 * 2 * 4 * partial_rows * D``."""
         return 2 * 2 * 4 * self.partial_rows * self.D
 
     def rows_in_flight(self, direction: str) -> int:
@@ -422,18 +372,7 @@ class LaunchPlan:
 
     @property
     def backward_shared_bytes(self) -> int:
-        r"""Backward: dynamic shared memory a block, v5's buffers of the rows in flight.
-
-        ``rows_in_flight * 2 * 16`` bytes a vector of a thread (``x`` and
-        ``dy``); 0 for the other rungs.
-
-        Examples
-        --------
-        >>> plan(8192, 4096, "float32", rung="v5").backward_shared_bytes  # 512 x 256
-        131072
-        >>> plan(8192, 4096, "float32").backward_shared_bytes
-        0
-        """
+        """Backward: dynamic shared memory a block, v5's buffers of rows in flight."""
         return self._prefetch_bytes("backward", tensors=2)
 
     @property
@@ -443,31 +382,11 @@ class LaunchPlan:
 
     @property
     def vecs_per_thread(self) -> int:
-        r"""Vector loads a thread makes of a row in one pass.
-
-        ``chunks * LN_ELEMS_PER_THREAD / vec``.
-
-        Examples
-        --------
-        >>> plan(8192, 4096, "float16").vecs_per_thread
-        2
-        """
+        """Vector loads a thread makes of a row in one pass."""
         return self.chunks * constants()["LN_ELEMS_PER_THREAD"] // self.vec
 
     def forward_launch(self, eps: float) -> tuple[str, tuple, tuple, tuple]:
-        r"""Return the forward's launch: ``(kernel, (grid,), (block,), args)``.
-
-        ``args`` follow the arrays (``x, gamma, beta, y, mean_hi, mean_lo,
-        rstd``): ``rows, D`` (int32) and ``eps`` (float32), and for v5's own
-        forward ``rows_per_group, group_threads``.
-
-        Examples
-        --------
-        >>> plan(8192, 4096, "float16").forward_launch(1e-5)[:3]
-        ('ln_fwd_block_f16_v8', (8192,), (256,))
-        >>> plan(8192, 12288, "float16", "v5").forward_launch(1e-5)[:3]
-        ('ln_fwd_grouped_long_f16_v8', (128,), (512,))
-        """
+        """Return the forward's launch: ``(kernel, (grid,), (block,), args)``."""
         ints = (np.int32(self.rows), np.int32(self.D))
         if not self.forward_rows_per_group:
             return (self.kernel("forward"), (self.forward_grid,), (self.block,),
@@ -477,20 +396,7 @@ class LaunchPlan:
                  np.int32(self.threads_per_row)))
 
     def backward_launch(self) -> tuple[str, tuple, tuple, tuple]:
-        r"""Return the backward's launch: ``(kernel, (grid,), (block,), ints)``.
-
-        ``ints`` follow the arrays (``dy, x, gamma, mean_hi, mean_lo, rstd,
-        dx`` and the partial buffers, or v3's ``dgamma, dbeta``): ``rows, D,
-        rows_per_group`` and ``row_groups`` (v3, v4) or ``group_threads``
-        (v5), int32.
-
-        Examples
-        --------
-        >>> p = plan(8192, 4096, "float16", "v5")
-        >>> name, grid, block, ints = p.backward_launch()
-        >>> name, grid, block, [int(i) for i in ints]
-        ('ln_bwd_grouped_block_f16_v8', (128,), (512,), [8192, 4096, 32, 256])
-        """
+        """Return the backward's launch: ``(kernel, (grid,), (block,), ints)``."""
         last = self.threads_per_row if self.rung == "v5" else self.row_groups
         ints = tuple(np.int32(i) for i in (self.rows, self.D, self.rows_per_group,
                                             last))
@@ -498,19 +404,7 @@ class LaunchPlan:
                 (self.backward_block or self.block,), ints)
 
     def reduce_launch(self) -> tuple[str, tuple, tuple]:
-        r"""Return the second stage's launch, ``(kernel, (grid,), (32, slices))``.
-
-        Its arguments: ``dgamma_part, dbeta_part, partial_rows, D, dgamma,
-        dbeta``. v5's kernel has ``LN_REDUCE_SLICES_WIDE`` threads a column,
-        each with ``LN_REDUCE_BATCH`` loads in flight.
-
-        Examples
-        --------
-        >>> plan(8192, 4096, "float32").reduce_launch()
-        ('ln_bwd_reduce_params', (128,), (32, 8))
-        >>> plan(8192, 4096, "float32", "v5").reduce_launch()
-        ('ln_bwd_reduce_params_wide', (128,), (32, 32))
-        """
+        """Return the second stage's launch, ``(kernel, (grid,), (32, slices))``."""
         wide = self.rung == "v5"
         slices = constants()["LN_REDUCE_SLICES_WIDE" if wide else "LN_REDUCE_SLICES"]
         name = "ln_bwd_reduce_params" + ("_wide" if wide else "")
@@ -565,17 +459,7 @@ def max_D(rung: str = "v4") -> int:
 
 
 def rungs_for(D: int, dtype) -> tuple[str, ...]:
-    r"""Return the rungs that have kernels of their own for rows of length ``D``.
-
-    Every rung takes every ``D``: the others run v4's kernels there.
-
-    Examples
-    --------
-    >>> rungs_for(4096, "float16"), rungs_for(12288, "float16")
-    (('v3', 'v4', 'v5'), ('v4', 'v5'))
-    >>> rungs_for(4100, "float16")
-    ('v3', 'v4')
-    """
+    """Return the rungs that have kernels of their own for rows of length ``D``."""
     return tuple(r for r in RUNGS if plan(0, D, dtype, r).rung == r)
 
 
@@ -590,13 +474,7 @@ def _check_dtype(dtype, name: str) -> np.dtype:
 
 
 def wave_blocks(block: int, threads: int = WAVE_THREADS) -> int:
-    r"""Blocks of ``block`` threads in one wave of ``threads``, on 128 SMs.
-
-    Examples
-    --------
-    >>> wave_blocks(512), wave_blocks(480), wave_blocks(128)
-    (128, 128, 512)
-    """
+    """Blocks of ``block`` threads in one wave of ``threads``, on 128 SMs."""
     return 128 * max(1, threads // 128 // block)
 
 
@@ -743,26 +621,7 @@ def _check_param(p, name: str, D: int, dtype: np.dtype) -> None:
 
 def check_forward_args(x, gamma, beta, eps: float = 1e-5, *,
                        rung: str = "v4") -> LaunchPlan:
-    r"""Validate the forward's arguments (NumPy or CuPy arrays) and return their plan.
-
-    Every forward (the kernels, the emulation, the CPU-run source) calls this
-    first, so all of them accept and refuse the same arguments: ``x`` of shape
-    ``(..., D)``, float32 or float16, ``gamma`` and ``beta`` of shape ``(D,)`` and
-    its dtype, ``eps`` finite and > 0 also as a float32. ``TypeError`` for a
-    dtype, ``ValueError`` for the rest, naming the argument.
-
-    Examples
-    --------
-    >>> x = np.zeros((2, 3, 8), np.float32)
-    >>> p = check_forward_args(x, np.ones(8, np.float32), np.zeros(8, np.float32))
-    >>> p.rows, p.D
-    (6, 8)
-    >>> x64 = np.zeros((2, 8))
-    >>> check_forward_args(x64, x64[0], x64[0])  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    TypeError: x must be float32 or float16 for the GPU kernels; got float64. ...
-    """
+    """Validate the forward's arguments (NumPy or CuPy arrays) and return their plan."""
     check_eps(eps)
     if not np.isfinite(np.float32(eps)) or np.float32(eps) <= 0:
         raise ValueError(
@@ -782,23 +641,7 @@ def check_forward_args(x, gamma, beta, eps: float = 1e-5, *,
 def check_backward_args(dy, x, gamma, mean_hi, mean_lo, rstd,
                         rung: str = "v4",
                         rows_per_group: int | None = None) -> LaunchPlan:
-    r"""Validate the backward's arguments and return their plan (and strip).
-
-    As :func:`check_forward_args`, and ``dy`` of the shape and dtype of ``x``,
-    the statistics float32 of shape ``x.shape[:-1]``.
-
-    Examples
-    --------
-    >>> x = np.zeros((3, 8), np.float32)
-    >>> s = np.zeros(3, np.float32)
-    >>> check_backward_args(x, x, np.ones(8, np.float32), s, s, s).rows
-    3
-    >>> check_backward_args(x, x, np.ones(8, np.float32), s, s, s[:2])
-    ... # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: rstd must have shape x.shape[:-1] = (3,), ...; got (2,).
-    """
+    """Validate the backward's arguments and return their plan (and strip)."""
     p = check_forward_args(x, gamma, gamma)
     if rung != p.rung:
         p = plan(p.rows, p.D, p.dtype, rung)

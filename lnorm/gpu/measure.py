@@ -71,35 +71,14 @@ COPY_BYTES = 2**30
 
 
 def _bytes(direction: str, rows: int, D: int, dtype) -> int:
-    """Bytes the op must move: the fused schedule of :func:`lnorm.cost.traffic`
-    with the three statistics the kernels save (mean_hi, mean_lo, rstd)."""
+    """Bytes the op must move (:func:`lnorm.cost.traffic`, three saved statistics)."""
     itemsize = np.dtype(dtype).itemsize
     return traffic(direction, "fused", rows=rows, D=D, itemsize=itemsize,
                    saved="x_mean_rstd", mean_parts=2).bytes
 
 
 def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
-    r"""Plan the launch of every timed shape, or say why the kernels cannot take it.
-
-    Needs no GPU: this is what a dry run writes.
-
-    Examples
-    --------
-    >>> for e in plan_launches(shapes=((8192, 768),)):
-    ...     print(e["dtype"], e["kernel_forward"], e["block"], e["bytes_forward"])
-    float32 ln_fwd_block_f32_v4 64 50436096
-    float16 ln_fwd_block_f16_v8 64 25267200
-    >>> e = plan_launches(((8192, 12288),), ("float32",))[0]
-    >>> e["kernel_backward"], list(e["rungs"]), e["rungs"]["v5"]["kernel_backward"]
-    ('ln_bwd_long_f32_v4', ['v5'], 'ln_bwd_grouped_long_f32_v4')
-    >>> v5 = plan_launches(((8192, 4096),), ("float16",))[0]["rungs"]["v5"]
-    >>> v5["kernel_backward"], v5["backward_block"], v5["partials_bytes"]
-    ('ln_bwd_grouped_block_f16_v8', 512, 8388608)
-    >>> v5["backward_shared_bytes"]  # the prefetch buffers: 512 threads x 128 B
-    65536
-    >>> plan_launches(((2**31, 64),), ("float32",))[0]["unsupported"][:28]
-    'rows must be below 2**31 (th'
-    """
+    """Plan the launch of every timed shape, or say why the kernels cannot take it."""
     out = []
     for rows, D in shapes:
         for dtype in dtypes:
@@ -138,17 +117,7 @@ def plan_launches(shapes=SHAPES, dtypes=DTYPES) -> list[dict]:
 
 
 def source_digest(files=KERNEL_FILES) -> str:
-    r"""Hash the kernel sources as compiled: which kernels a measurement timed.
-
-    Examples
-    --------
-    >>> digest = source_digest()
-    >>> len(digest), digest == source_digest()
-    (64, True)
-    >>> from lnorm.gpu.kernels import REGISTER_FILES
-    >>> source_digest(REGISTER_FILES) == digest
-    False
-    """
+    """Hash the kernel sources as compiled: which kernels a measurement timed."""
     h = hashlib.sha256()
     for filename in files:
         h.update(source(filename).encode())
@@ -157,22 +126,7 @@ def source_digest(files=KERNEL_FILES) -> str:
 
 def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90",
                 canonical: bool = False) -> dict[str, str]:
-    r"""Hash the PTX of every kernel, one digest per kernel: what the GPU ran.
-
-    A source edit that leaves a kernel's compiled code alone (a comment, a
-    kernel added or removed beside it) changes :func:`source_digest` but not
-    this digest. Branch labels, which NVRTC numbers by the kernel's place in
-    its file, are renumbered first; with ``canonical``, the declarations of
-    shared variables that NVRTC moves into a kernel when no other kernel of
-    its file uses them are put back where they were. Needs only NVRTC (pinned
-    in ``requirements.txt``; another version may print other PTX).
-
-    Examples
-    --------
-    >>> digests = ptx_digests(["layernorm_backward.cu"])
-    >>> len(digests["ln_bwd_block_f32_v4"]), "ln_bwd_reduce_params" in digests
-    (64, True)
-    """
+    """Hash the PTX of every kernel, one digest per kernel: what the GPU ran."""
     out = {}
     for filename in files:
         for name, text in entries(compile_ptx(filename, arch)).items():
@@ -185,33 +139,7 @@ def ptx_digests(files=KERNEL_FILES, arch: str = "sm_90",
 
 
 def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
-    r"""Say whether a measurement timed the kernels of this build.
-
-    ``"sources"``: the same sources; ``"ptx"``: every kernel of this build
-    that the measurement recorded compiles to the PTX it had (either digest
-    of :func:`ptx_digests`; kernels since retired are history and do not
-    count); ``"changed"`` otherwise. ``ptx_record`` gives the digests of an
-    older file that has none.
-
-    Examples
-    --------
-    >>> from lnorm.gpu.kernels import REGISTER_FILES
-    >>> files = list(REGISTER_FILES)
-    >>> kernels_measured({"source_sha256": source_digest(files), "source_files": files})
-    'sources'
-    >>> old = {"source_sha256": "0" * 64, "source_files": files}
-    >>> kernels_measured(old)
-    'changed'
-    >>> now = ptx_digests(files)
-    >>> kernels_measured(old, {"source_sha256": "0" * 64, "ptx_sha256": now})
-    'ptx'
-    >>> gone = {**now, "ln_fwd_retired": "0" * 64}  # a kernel since retired
-    >>> kernels_measured({**old, "ptx_sha256": gone})
-    'ptx'
-    >>> edited = {**now, "ln_fwd_warp_f32_v4": "0" * 64}
-    >>> kernels_measured({**old, "ptx_sha256": edited})
-    'changed'
-    """
+    """Say whether a measurement timed the kernels of this build."""
     files = data.get("source_files", REGISTER_FILES)
     if data["source_sha256"] == source_digest(files):
         return "sources"
@@ -228,21 +156,7 @@ def kernels_measured(data: dict, ptx_record: dict | None = None) -> str:
 
 
 def plan_changed(data: dict) -> set[tuple]:
-    r"""The launches a measurement made that this build would plan differently.
-
-    A timing belongs to the kernels *and* to their launch: the grid, the
-    block and the strips. This compares each launch the measurement
-    recorded (``data["launches"]``) with :func:`plan_launches` today.
-
-    Examples
-    --------
-    >>> run = dry_run("no GPU here")
-    >>> plan_changed(run)
-    set()
-    >>> run["launches"][0]["rungs"]["v5"]["forward_grid"] += 1
-    >>> sorted(plan_changed(run))
-    [(8192, 768, 'float32', 'v5')]
-    """
+    """The launches a measurement made that this build would plan differently."""
     shapes = [(e["rows"], e["D"]) for e in data["launches"]]
     dtypes = [e["dtype"] for e in data["launches"]]
     now = {(e["rows"], e["D"], e["dtype"]): e
@@ -273,14 +187,7 @@ def _header() -> dict:
 
 
 def dry_run(reason: str) -> dict:
-    r"""Describe what a run would do, without a GPU: the plans of every timed launch.
-
-    Examples
-    --------
-    >>> run = dry_run("no GPU here")
-    >>> run["gpu"], run["reason"], len(run["launches"])
-    (False, 'no GPU here', 10)
-    """
+    """Describe what a run would do, without a GPU: the plans of every timed launch."""
     return {**_header(), "gpu": False, "reason": reason, "launches": plan_launches()}
 
 
@@ -313,28 +220,14 @@ extern "C" __global__ void spin(long long cycles) {
 
 
 def hold_cycles(host_s: float, repeat: int) -> int:
-    """Clock cycles to spin while ``repeat`` calls of ``host_s`` seconds of
-    host time each are queued: twice that time, with 50 us a call more, plus
-    1 ms, at most a second, at 2.5e9 cycles a second, above any GPU's clock
-    today, so that the spin lasts at least that long. ``dev/peers.py``
-    holds the GPU as long.
-
-    >>> hold_cycles(100e-6, 30) / 2.5e9  # 2 * 30 * 150 us + 1 ms
-    0.01
-    """
+    """Clock cycles to spin (at most a second) while ``repeat`` calls are queued."""
+    # Twice the host time, 50 us a call more: 2.5e9 Hz, above any GPU clock,
+    # makes the spin at least that long. dev/peers.py holds the GPU as long.
     return int(min(1.0, 2 * repeat * (host_s + 50e-6) + 1e-3) * 2.5e9)
 
 
 class _Timer:
-    """Median of CUDA-event timings, each call alone, after warm-up.
-
-    Each call sits between two events, and every call is queued while the GPU
-    is held in a spin kernel: the host's time to launch (Python's, tens of
-    microseconds a call) then overlaps the GPU's work instead of being
-    counted in it, and the events time the GPU alone. A GPU that finished the
-    spin before the host had queued every call would count the host's time
-    again; ``queued_ahead`` records that it did not.
-    """
+    """Median of CUDA-event timings, each call alone, after warm-up."""
 
     def __init__(self, cp, repeat: int):
         self.cp = cp
@@ -369,17 +262,7 @@ class _Timer:
 
 
 def copy_yardstick(cp, timer: _Timer) -> dict:
-    r"""Time a 1 GiB device-to-device copy: the bandwidth a read-and-write op can reach.
-
-    Needs a GPU. ``cudaMemcpyAsync`` of :data:`lnorm.gpu.measure.COPY_BYTES`
-    bytes, timed without flushing L2 (the copy is far larger than any L2);
-    the bytes counted are those read plus those written.
-
-    Examples
-    --------
-    >>> 2 * COPY_BYTES / 2**30  # GiB counted per copy: read once, written once
-    2.0
-    """
+    """Time a 1 GiB device-to-device copy: the bandwidth a read-write op can reach."""
     src = cp.ones(COPY_BYTES, dtype=cp.uint8)
     dst = cp.empty_like(src)
 
@@ -398,20 +281,7 @@ def _launchable(fused, rows: int, D: int, dtype) -> list[str]:
 
 
 def bit_checks(fused) -> list[dict]:
-    r"""Compare the kernels with the emulation byte by byte at every checked shape.
-
-    v3's, whose column sums depend on the order of its atomics, as
-    :func:`lnorm.gpu.check.atomic_check` compares them.
-
-    Examples
-    --------
-    >>> from lnorm.gpu import check
-    >>> len(((64, 1), (3, 2), *check.SHAPES, *LONG_SHAPES)) * len(DTYPES)
-    26
-    >>> from lnorm.gpu.run import FusedLayerNorm, available
-    >>> if available()[0]:  # a GPU: every bit equal
-    ...     assert all(c["equal"] for c in bit_checks(FusedLayerNorm()))
-    """
+    """Compare the kernels with the emulation byte by byte at every checked shape."""
     def differing(inp, rung):
         got = check.forward_backward(fused.forward, fused.backward, inp, rung)
         want = check.forward_backward(emulate.forward, emulate.backward, inp, rung)
@@ -469,17 +339,7 @@ def offset_sweep(run, D: int = 1024, rows: int = 64,
 
 def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
                rungs=("v1", "v3", "v4", "v5")) -> list[dict]:
-    r"""Time every rung's forward and backward at every shape.
-
-    L2 is flushed before every call of an op under :data:`L2_FLUSH_BELOW`
-    bytes.
-
-    Examples
-    --------
-    >>> e = plan_launches(((8192, 768),), ("float32",))[0]
-    >>> e["kernel_forward"], e["bytes_forward"] < L2_FLUSH_BELOW  # L2 flushed
-    ('ln_fwd_block_f32_v4', True)
-    """
+    """Time every rung's forward and backward at every shape."""
     from .run import unfused_backward, unfused_forward
 
     out = []
@@ -519,20 +379,7 @@ def time_rungs(cp, fused, timer: _Timer, shapes=SHAPES, dtypes=DTYPES,
 
 def time_shapes(cp, fused, timer: _Timer, shapes=SHAPES,
                 rungs=("v1", "v3", "v4", "v5")) -> dict:
-    r"""Time the copy yardstick, then the rungs at ``shapes``, each timing with
-    its share of the copy's bandwidth.
-
-    Needs a GPU.
-
-    Examples
-    --------
-    >>> from lnorm.gpu.run import available
-    >>> if available()[0]:  # a GPU: every timing has its share
-    ...     import cupy as cp
-    ...     from lnorm.gpu.run import FusedLayerNorm
-    ...     out = time_shapes(cp, FusedLayerNorm(), _Timer(cp, 3), SHAPES[:1])
-    ...     assert all(0 < t["copy_share"] < 2 for t in out["timings"])
-    """
+    """Time the copy, then the rungs at ``shapes`` with their share of its bandwidth."""
     copy = copy_yardstick(cp, timer)
     timings = time_rungs(cp, fused, timer, shapes, rungs=rungs)
     for t in timings:
@@ -541,21 +388,7 @@ def time_shapes(cp, fused, timer: _Timer, shapes=SHAPES,
 
 
 def large_rows_check(cp, fused, rows: int = 524_800, D: int = 4096) -> dict:
-    r"""Check more than 2**31 elements (float16): 64-bit offsets, on sampled rows.
-
-    Needs a GPU with tens of GB of memory (``x``, ``dy``, ``y`` and ``dx``
-    hold over 2**31 float16 elements each). ``y`` and ``dx`` of the first and
-    last 32 rows are compared bit for bit with the emulation (each row
-    depends on itself alone); ``dbeta`` with a float64 sum of ``dy`` over all
-    rows.
-
-    Examples
-    --------
-    >>> from lnorm.gpu.kernels import plan
-    >>> rows, D = 524_800, 4096
-    >>> rows * D > 2**31, plan(rows, D, "float16").kernel("forward")
-    (True, 'ln_fwd_block_f16_v8')
-    """
+    """Check more than 2**31 elements (float16): 64-bit offsets, on sampled rows."""
     rng = cp.random.default_rng(1)
     x = rng.standard_normal((rows, D), dtype=cp.float32).astype(cp.float16)
     dy = rng.standard_normal((rows, D), dtype=cp.float32).astype(cp.float16)
@@ -580,19 +413,7 @@ def large_rows_check(cp, fused, rows: int = 524_800, D: int = 4096) -> dict:
 
 
 def launch_only(fused) -> int:
-    r"""Launch every kernel once at awkward shapes (for ``compute-sanitizer``).
-
-    Examples
-    --------
-    >>> from lnorm.gpu import check
-    >>> from lnorm.gpu.run import FusedLayerNorm, available
-    >>> shapes = ((0, 8), (1, 1), (3, 2), (5, 3), *check.SHAPES, *LONG_SHAPES)
-    >>> n = len(shapes) * len(DTYPES)
-    >>> n
-    30
-    >>> if available()[0]:  # a GPU: that many pairs launched
-    ...     assert launch_only(FusedLayerNorm()) == n
-    """
+    """Launch every kernel once at awkward shapes (for ``compute-sanitizer``)."""
     import cupy as cp
 
     n = 0
@@ -614,25 +435,7 @@ def launch_only(fused) -> int:
 
 
 def measure(*, repeat: int = 20, quick: bool = False, large: bool = True) -> dict:
-    r"""Run everything on the GPU: versions, bit checks, offset sweep, copy, timings.
-
-    ``repeat`` timed calls a measurement (the median is kept); ``quick`` times
-    only the first two shapes and skips :func:`large_rows_check`, which
-    ``large=False`` skips too. Refuses (``RuntimeError``) without a GPU.
-
-    Examples
-    --------
-    >>> [D for _, D in SHAPES[:2]]  # what quick=True times
-    [768, 1024]
-    >>> from lnorm.gpu.run import available
-    >>> if not available()[0]:  # no GPU: refused before anything runs
-    ...     try:
-    ...         measure(quick=True)
-    ...     except (ImportError, RuntimeError) as exc:
-    ...         assert "CuPy" in str(exc) or "CUDA device" in str(exc)
-    ...     else:
-    ...         raise AssertionError("measure() ran without a GPU")
-    """
+    """Run everything on the GPU: versions, bit checks, offset sweep, copy, timings."""
     import cupy as cp
 
     from .run import FusedLayerNorm, unfused_backward, unfused_forward
@@ -655,31 +458,7 @@ def measure(*, repeat: int = 20, quick: bool = False, large: bool = True) -> dic
 
 
 def main(argv=None) -> int:
-    r"""Run the command line ``python -m lnorm.gpu.measure``.
-
-    With a GPU: the whole run (:func:`lnorm.gpu.measure.measure`) written as
-    JSON to ``--out``, or ``--launch-only``, or ``--profile ROWS D DTYPE``.
-    Without one: a dry run (:func:`lnorm.gpu.measure.dry_run`) written to
-    ``--out``; ``--launch-only`` and ``--profile`` exit with status 2.
-
-    Examples
-    --------
-    >>> try:
-    ...     main(["--help"])
-    ... except SystemExit as exc:
-    ...     print(exc.code)  # doctest: +ELLIPSIS
-    usage: python -m lnorm.gpu.measure [-h]...
-    0
-    >>> import contextlib, io, json, tempfile
-    >>> from pathlib import Path
-    >>> from lnorm.gpu.run import available
-    >>> if not available()[0]:  # no GPU: a dry run, written as JSON
-    ...     with tempfile.TemporaryDirectory() as tmp:
-    ...         with contextlib.redirect_stdout(io.StringIO()):
-    ...             status = main(["--out", f"{tmp}/m.json"])
-    ...         result = json.loads(Path(tmp, "m.json").read_text())
-    ...     assert status == 0 and result["gpu"] is False
-    """
+    """Run the command line ``python -m lnorm.gpu.measure``."""
     parser = argparse.ArgumentParser(prog="python -m lnorm.gpu.measure",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("gpu-measurements.json"))

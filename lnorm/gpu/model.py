@@ -102,13 +102,7 @@ def _usage(filename: str, arch: str) -> dict:
 
 
 def kernel_usage(kernel: str, arch: str = "sm_90"):
-    r"""Return ``ptxas -v``'s registers, spills and shared memory of one kernel.
-
-    Examples
-    --------
-    >>> kernel_usage("ln_bwd_grouped_block_f32_v4").shared_bytes  # the hand-over
-    33024
-    """
+    """Return ``ptxas -v``'s registers, spills and shared memory of one kernel."""
     for filename in KERNEL_FILES:
         if kernel in kernel_params(filename):
             return _usage(filename, arch)[kernel]
@@ -118,20 +112,7 @@ def kernel_usage(kernel: str, arch: str = "sm_90"):
 
 def occupancy(threads_per_block: int, registers: int, device: Device = H100,
               shared: int = 0) -> int:
-    r"""Count the blocks of ``threads_per_block`` threads that fit on one SM at once.
-
-    Registers are allocated per warp in units of 256; the answer is the
-    least of what the registers, the threads, the shared memory (``shared``
-    bytes a block, plus what the system reserves) and the block limit allow,
-    0 if one block does not fit.
-
-    Examples
-    --------
-    >>> occupancy(256, 40), occupancy(512, 128)
-    (6, 1)
-    >>> occupancy(512, 130)  # too many registers for one block
-    0
-    """
+    """Count the blocks of ``threads_per_block`` threads that fit on one SM at once."""
     warps = math.ceil(threads_per_block / 32)
     regs_per_warp = math.ceil(registers * 32 / 256) * 256
     by_registers = device.registers_per_sm // (regs_per_warp * warps)

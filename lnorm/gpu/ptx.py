@@ -55,14 +55,7 @@ _REG = re.compile(r"%\w+")
 
 @dataclass(frozen=True)
 class MemoryOp:
-    r"""Describe one global load or store instruction.
-
-    Examples
-    --------
-    >>> op = MemoryOp("ld", "x", vector=4, bits=32, in_loop=False, offset=0)
-    >>> op.bytes  # one 16-byte vector load
-    16
-    """
+    """Describe one global load or store instruction."""
 
     kind: str
     argument: str
@@ -73,16 +66,7 @@ class MemoryOp:
 
     @property
     def bytes(self) -> int:
-        r"""Return the bytes one thread moves with this instruction.
-
-        ``vector * bits / 8``.
-
-        Examples
-        --------
-        >>> # 8 float16 stored as four 32-bit words, as the kernels' PTX has it
-        >>> MemoryOp("st", "y", vector=4, bits=32, in_loop=True, offset=0).bytes
-        16
-        """
+        """Return the bytes one thread moves with this instruction."""
         return self.vector * self.bits // 8
 
 
@@ -121,17 +105,7 @@ class KernelPTX:
     def ops(
         self, kind: str, argument: str | None = None, *, in_loop: bool | None = None
     ) -> list[MemoryOp]:
-        r"""Select the loads or stores, optionally of one argument, in loops or not.
-
-        Examples
-        --------
-        >>> from lnorm.gpu.kernels import compile_ptx, kernel_params
-        >>> name = "layernorm_forward.cu"
-        >>> reports = inspect_ptx(compile_ptx(name), kernel_params(name))
-        >>> k = reports["ln_fwd_warp_f32_v4"]
-        >>> [(op.vector, op.bits) for op in k.ops("st", "y")]  # 4 vectors of 4 floats
-        [(4, 32), (4, 32), (4, 32), (4, 32)]
-        """
+        """Select the loads or stores, optionally of one argument, in loops or not."""
         return [
             op
             for op in self.memory_ops
@@ -143,21 +117,7 @@ class KernelPTX:
     def per_argument(
         self, kind: str, *, in_loop: bool | None = None
     ) -> dict[str, tuple[int, int]]:
-        r"""Count what one thread loads or stores of each argument.
-
-        Examples
-        --------
-        >>> from lnorm.gpu.kernels import compile_ptx, kernel_params
-        >>> name = "layernorm_forward.cu"
-        >>> reports = inspect_ptx(compile_ptx(name), kernel_params(name))
-        >>> k = reports["ln_fwd_warp_f32_v4"]
-        >>> for argument, (n, nbytes) in k.per_argument("st").items():
-        ...     print(argument, n, nbytes)
-        y 4 64
-        mean_hi 1 4
-        mean_lo 1 4
-        rstd 1 4
-        """
+        """Count what one thread loads or stores of each argument."""
         out: dict[str, tuple[int, int]] = {}
         for op in self.ops(kind, in_loop=in_loop):
             n, b = out.get(op.argument, (0, 0))
@@ -198,11 +158,7 @@ def _loop_lines(lines: list[str]) -> set[int]:
 
 
 def _pointer_origins(lines: list[str], pointers: set[str]) -> dict[str, set[str]]:
-    """For each register, the pointer parameters its value is computed from.
-
-    Loads of data break the chain (a loaded value is not an address); loops
-    reassign registers, so the pass repeats until nothing changes.
-    """
+    """For each register, the pointer parameters its value is computed from."""
     origin: dict[str, set[str]] = {}
     for _ in range(16):
         changed = False
@@ -304,43 +260,14 @@ def _inspect_entry(
 
 
 def entries(ptx: str) -> dict[str, str]:
-    r"""Split a PTX module into its kernels: ``{name: the entry's text}``.
-
-    Examples
-    --------
-    >>> ptx = ".visible .entry f(.param .u64 a)\n{\nret;\n}\n"
-    >>> entries(ptx)
-    {'f': '.visible .entry f(.param .u64 a)\n{\nret;\n}'}
-    """
+    """Split a PTX module into its kernels: ``{name: the entry's text}``."""
     return {m.group(1): m.group(0) for m in _ENTRY.finditer(ptx)}
 
 
 def inspect_ptx(
     ptx: str, params: dict[str, tuple[str, ...]] | None = None
 ) -> dict[str, KernelPTX]:
-    r"""Inspect every kernel of a PTX module: ``{kernel name: KernelPTX}``.
-
-    ``params`` (``{kernel: argument names}``, :func:`lnorm.gpu.kernels.kernel_params`)
-    names the arguments as the CUDA source does; it must give each kernel as many
-    names as its PTX has parameters (else ``ValueError``).
-
-    Examples
-    --------
-    >>> ptx = "\n".join([
-    ...     ".visible .entry copy(.param .u64 src, .param .u64 dst)",
-    ...     "{",
-    ...     "ld.param.u64 %rd1, [src];",
-    ...     "ld.param.u64 %rd2, [dst];",
-    ...     "ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];",
-    ...     "st.global.v4.f32 [%rd2+16], {%f1, %f2, %f3, %f4};",
-    ...     "ret;",
-    ...     "}"])
-    >>> k = inspect_ptx(ptx, {"copy": ("x", "y")})["copy"]
-    >>> for op in k.memory_ops:
-    ...     print(op.kind, op.argument, op.vector, op.bits, op.offset)
-    ld x 4 32 0
-    st y 4 32 16
-    """
+    """Inspect every kernel of a PTX module: ``{kernel name: KernelPTX}``."""
     # Static __shared__ arrays of device functions are declared at module scope;
     # a kernel uses those its body names.
     module_text = _ENTRY.sub("", ptx)
@@ -359,14 +286,7 @@ def inspect_ptx(
 
 
 def ptxas_path() -> Path | None:
-    r"""Find ``ptxas`` in the ``nvidia-cuda-nvcc-cu12`` wheel.
-
-    Examples
-    --------
-    >>> exe = ptxas_path()
-    >>> exe is None or exe.name == "ptxas"
-    True
-    """
+    """Find ``ptxas`` in the ``nvidia-cuda-nvcc-cu12`` wheel."""
     try:
         spec = importlib.util.find_spec("nvidia.cuda_nvcc")
     except ModuleNotFoundError:  # no "nvidia" namespace package at all
@@ -398,26 +318,7 @@ class PtxasUsage:
 
 
 def ptxas_usage(ptx: str, arch: str = "sm_90") -> dict[str, PtxasUsage]:
-    r"""Assemble PTX with ``ptxas -v``; registers, spills and shared memory per kernel.
-
-    Examples
-    --------
-    >>> ptx = "\n".join([
-    ...     ".version 7.0", ".target sm_80", ".address_size 64",
-    ...     ".visible .entry copy(.param .u64 src, .param .u64 dst)",
-    ...     "{", ".reg .f32 %f<5>;", ".reg .b64 %rd<3>;",
-    ...     "ld.param.u64 %rd1, [src];", "ld.param.u64 %rd2, [dst];",
-    ...     "ld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd1];",
-    ...     "st.global.v4.f32 [%rd2], {%f1, %f2, %f3, %f4};",
-    ...     "ret;", "}"])
-    >>> try:
-    ...     usage = ptxas_usage(ptx)
-    ... except RuntimeError as exc:  # no ptxas here: the message says what to install
-    ...     print(str(exc).startswith("ptxas not found"))
-    ... else:
-    ...     print(usage["copy"].spill_stores == 0 and usage["copy"].shared_bytes == 0)
-    True
-    """
+    """Assemble PTX with ``ptxas -v``: registers, spills, shared memory a kernel."""
     exe = ptxas_path()
     if exe is None:
         raise RuntimeError(

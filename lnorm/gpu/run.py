@@ -26,15 +26,11 @@ True
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from ..core import backward_formula, forward_formula
-from ..cost import traffic
-from .check import make_inputs
 from .kernels import (
     KERNEL_FILES,
     check_backward_args,
@@ -49,10 +45,6 @@ __all__ = [
     "FusedLayerNorm",
     "unfused_forward",
     "unfused_backward",
-    "cuda_time",
-    "DeviceInfo",
-    "device_info",
-    "benchmark",
 ]
 
 
@@ -140,23 +132,7 @@ class FusedLayerNorm:
         return a
 
     def forward(self, x, gamma, beta, eps: float = 1e-5, *, rung: str = "v4") -> tuple:
-        r"""Run the fused forward: one launch of the plan's kernel.
-
-        ``rung`` picks the kernel: v4's, but v5's own for long float16 rows (the same
-        arithmetic in the same order: the same bits).
-
-        Examples
-        --------
-        >>> from lnorm.gpu import emulate
-        >>> from lnorm.gpu.kernels import check_forward_args
-        >>> x = np.float32(1e4) + np.arange(16, dtype=np.float32).reshape(2, 8)
-        >>> g, b = np.ones(8, np.float32), np.zeros(8, np.float32)
-        >>> check_forward_args(x, g, b).kernel("forward")  # what the call launches
-        'ln_fwd_warp_f32_v4'
-        >>> if available()[0]:  # a GPU: the kernel equals the emulation
-        ...     y, hi, lo, rstd = FusedLayerNorm().forward(x, g, b)
-        ...     assert np.array_equal(y.get(), emulate.forward(x, g, b)[0])
-        """
+        """Run the fused forward: one launch of the plan's kernel."""
         cp = self._cp
         x, gamma, beta = (self._as_device(a) for a in (x, gamma, beta))
         p = check_forward_args(x, gamma, beta, eps, rung=rung)
@@ -169,17 +145,7 @@ class FusedLayerNorm:
         return y, hi, lo, rstd
 
     def takes(self, rows: int, D: int, dtype, rung: str = "v4") -> bool:
-        r"""Say whether this device can launch a rung's kernels at a shape.
-
-        The device must give each kernel the shared memory it needs: v5's
-        prefetch buffers may need more than a GPU allows (on an A100, the
-        float32 backward of rows past ``max_D()``).
-
-        Examples
-        --------
-        >>> if available()[0]:  # v4 takes every shape, on every GPU
-        ...     assert FusedLayerNorm().takes(8192, 65536, "float32")
-        """
+        """Say whether this device can launch a rung's kernels at a shape."""
         try:
             p = plan(rows, D, dtype, rung)
         except ValueError:
@@ -210,30 +176,7 @@ class FusedLayerNorm:
     def backward(self, dy, x, gamma, mean_hi, mean_lo, rstd, *,
                  rung: str = "v4", second_stage: bool = True,
                  rows_per_group: int | None = None) -> tuple:
-        r"""Run the fused backward, then the fixed-order reduction of dgamma and dbeta.
-
-        Two launches (v4, v5): the backward kernel writes ``dx`` and the partial
-        sums, the second stage adds them in a fixed order. v3: one kernel adds every
-        group's column sums into zeroed ``dgamma`` and ``dbeta`` with ``atomicAdd``,
-        in the order the groups finish. ``second_stage=False`` (v4, v5) returns the
-        partial rows instead (:func:`lnorm.gpu.emulate.column_partials`);
-        ``rows_per_group`` launches other strips
-        (:meth:`lnorm.gpu.kernels.LaunchPlan.with_strip`).
-
-        Examples
-        --------
-        >>> from lnorm.gpu.kernels import plan
-        >>> p = plan(5000, 64, "float16")  # the launches the call makes
-        >>> p.kernel("backward"), p.backward_grid, p.row_groups
-        ('ln_bwd_warp_f16_v8', 79, 313)
-        >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
-        >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
-        >>> if available()[0]:  # a GPU: the column sums of dy
-        ...     fused = FusedLayerNorm()
-        ...     stats = fused.forward(x, g, b)[1:]
-        ...     dx, dgamma, dbeta = fused.backward(np.ones_like(x), x, g, *stats)
-        ...     assert dbeta.tolist() == [2.0, 2.0, 2.0, 2.0]
-        """
+        """Run the fused backward, then the fixed-order sum of dgamma and dbeta."""
         cp = self._cp
         dy, x, gamma, mean_hi, mean_lo, rstd = (
             self._as_device(a) for a in (dy, x, gamma, mean_hi, mean_lo, rstd))
@@ -273,21 +216,7 @@ class FusedLayerNorm:
 
 
 def unfused_forward(x, gamma, beta, eps: float = 1e-5) -> tuple:
-    r"""Compute the forward op by op in float32, for comparison.
-
-    :func:`lnorm.core.forward_formula` on float32 arrays (float16 is converted
-    first and last): one kernel launch on the GPU (CuPy arrays) or one loop
-    on the CPU (NumPy arrays) and one full-size temporary per operator, the
-    ``"numpy"`` schedule of :mod:`lnorm.cost`. Needs no GPU for NumPy input.
-
-    Examples
-    --------
-    >>> x = np.float32(1e4) + np.arange(8, dtype=np.float32).reshape(1, 8)
-    >>> g, b = np.ones(8, np.float32), np.zeros(8, np.float32)
-    >>> y, mean_hi, mean_lo, rstd = unfused_forward(x, g, b)
-    >>> float(mean_hi[0]), float(mean_lo[0]), y.dtype
-    (10003.5, 0.0, dtype('float32'))
-    """
+    """Compute the forward op by op in float32, for comparison."""
     x32 = x.astype("float32", copy=False)  # float32 input: no copy, no extra pass
     y, mean, rstd, _ = forward_formula(
         x32, gamma.astype("float32"), beta.astype("float32"), eps
@@ -297,22 +226,7 @@ def unfused_forward(x, gamma, beta, eps: float = 1e-5) -> tuple:
 
 
 def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
-    r"""Compute the backward op by op in float32, for comparison.
-
-    ``xhat = ((x - mean_hi) - mean_lo) * rstd`` recovered op by op, then
-    :func:`lnorm.core.backward_formula` on float32 arrays: the program
-    :func:`lnorm.cost.numpy_program` counts for ``saved="x_mean_rstd"``.
-    Needs no GPU for NumPy input.
-
-    Examples
-    --------
-    >>> x = np.arange(8, dtype=np.float32).reshape(2, 4)
-    >>> g, b = np.ones(4, np.float32), np.zeros(4, np.float32)
-    >>> _, hi, lo, rstd = unfused_forward(x, g, b)
-    >>> dx, dgamma, dbeta = unfused_backward(np.ones_like(x), x, g, hi, lo, rstd)
-    >>> float(abs(dx).max()), dbeta.tolist()
-    (0.0, [2.0, 2.0, 2.0, 2.0])
-    """
+    """Compute the backward op by op in float32, for comparison."""
     D = x.shape[-1]
     x32 = x.reshape(-1, D).astype("float32", copy=False)
     dy32 = dy.reshape(-1, D).astype("float32", copy=False)
@@ -323,130 +237,3 @@ def unfused_backward(dy, x, gamma, mean_hi, mean_lo, rstd) -> tuple:
         dy32, xhat, gamma.astype("float32"), rstd
     )
     return dx.astype(x.dtype, copy=False).reshape(x.shape), dgamma, dbeta
-
-
-def cuda_time(
-    fn: Callable, *args, number: int = 10, repeat: int = 5, warmup: int = 2
-) -> float:
-    r"""Measure the seconds per call of ``fn(*args)`` on the GPU with CUDA events.
-
-    Two events bracket ``number`` calls in a row (the GPU queue stays full, so
-    host overhead between calls is hidden when the calls are long enough);
-    the median over ``repeat`` such batches is returned. The warm-up calls
-    load the kernels and fill CuPy's memory pool first.
-
-    Examples
-    --------
-    >>> ok, _ = available()
-    >>> try:
-    ...     t = cuda_time(lambda: None, number=2, repeat=3, warmup=1)
-    ... except RuntimeError as exc:  # no GPU
-    ...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
-    ... else:
-    ...     print(ok and t >= 0)
-    True
-    """
-    cp = _require_gpu()
-    for _ in range(warmup):
-        fn(*args)
-    cp.cuda.get_current_stream().synchronize()
-    per_call = []
-    for _ in range(repeat):
-        start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(number):
-            fn(*args)
-        stop.record()
-        stop.synchronize()
-        per_call.append(cp.cuda.get_elapsed_time(start, stop) * 1e-3 / number)
-    return float(np.median(per_call))
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    r"""Describe the current device and its theoretical memory bandwidth.
-
-    Made by :func:`lnorm.gpu.run.device_info`.
-
-    Examples
-    --------
-    >>> clock_hz, bus_bits = 2619e6, 5120  # an H100 SXM's HBM3
-    >>> info = DeviceInfo("H100", "90", 132, 2 * clock_hz * bus_bits / 8)
-    >>> round(info.peak_bandwidth / 1e12, 2)  # TB/s
-    3.35
-    """
-
-    name: str
-    compute_capability: str
-    sm_count: int
-    peak_bandwidth: float | None
-
-
-def device_info() -> DeviceInfo:
-    r"""Read the name, compute capability, SM count and peak bandwidth of the device.
-
-    Examples
-    --------
-    >>> ok, reason = available()
-    >>> try:
-    ...     info = device_info()
-    ... except RuntimeError as exc:  # no GPU
-    ...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
-    ... else:
-    ...     print(ok and info.name == reason and info.sm_count > 0)
-    True
-    """
-    cp = _require_gpu()
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    name = (props["name"].decode() if isinstance(props["name"], bytes)
-            else str(props["name"]))
-
-    def attribute(key: str, code: int):
-        # CUDA 13 drops these two from the properties; the attribute API keeps them.
-        if props.get(key):
-            return props[key]
-        try:
-            return cp.cuda.runtime.deviceGetAttribute(code, dev.id)
-        except Exception:
-            return None
-
-    clock_khz = attribute("memoryClockRate", 36)  # cudaDevAttrMemoryClockRate
-    bus_bits = attribute("memoryBusWidth", 37)  # cudaDevAttrGlobalMemoryBusWidth
-    peak = 2.0 * clock_khz * 1e3 * bus_bits / 8 if clock_khz and bus_bits else None
-    return DeviceInfo(
-        name, dev.compute_capability, int(props["multiProcessorCount"]), peak
-    )
-
-
-def benchmark(rows: int, D: int, dtype, *, seed: int = 0) -> dict:
-    r"""Time the fused kernels and the op-by-op version at one size (:func:`cuda_time`).
-
-    Examples
-    --------
-    >>> ok, _ = available()
-    >>> try:
-    ...     result = benchmark(256, 64, "float32")
-    ... except RuntimeError as exc:  # no GPU
-    ...     print(not ok and str(exc).startswith("the GPU path needs a CUDA device"))
-    ... else:
-    ...     print(ok and result["bytes_forward"] == 133632)
-    True
-    """
-    cp = _require_gpu()
-    inp = {k: cp.asarray(v) for k, v in make_inputs(rows, D, dtype, seed).items()}
-    fused = FusedLayerNorm()
-    y, hi, lo, rstd = fused.forward(inp["x"], inp["gamma"], inp["beta"])
-    args_f = (inp["x"], inp["gamma"], inp["beta"])
-    args_b = (inp["dy"], inp["x"], inp["gamma"], hi, lo, rstd)
-    itemsize = np.dtype(dtype).itemsize
-    size = dict(rows=rows, D=D, itemsize=itemsize, saved="x_mean_rstd",
-                mean_parts=2)
-    return {
-        "fused_forward": cuda_time(fused.forward, *args_f),
-        "fused_backward": cuda_time(fused.backward, *args_b),
-        "unfused_forward": cuda_time(unfused_forward, *args_f),
-        "unfused_backward": cuda_time(unfused_backward, *args_b),
-        "bytes_forward": traffic("forward", "fused", **size).bytes,
-        "bytes_backward": traffic("backward", "fused", **size).bytes,
-    }
