@@ -90,8 +90,10 @@ __device__ __forceinline__ void forward_row(
 #pragma unroll
             for (int c = 0; c < VEC; ++c)
                 out[c] = xv[i * VEC + c] * rstd * g[c] + b[c];
-            if constexpr (STREAM) VecStream<T, VEC>::store(yrow + v * VEC, out);
-            else Vec<T, VEC>::store(yrow + v * VEC, out);
+            if constexpr (STREAM)
+                VecStream<T, VEC>::store(yrow + v * VEC, out);
+            else
+                Vec<T, VEC>::store(yrow + v * VEC, out);
         }
     }
     if (active && t == 0) {
