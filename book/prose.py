@@ -384,28 +384,9 @@ def _fixed(v: float, digits: int) -> str:
 class Table:
     r"""A collapsed table of measurements, in HTML for the site and JupyterLab.
 
-    Built by :func:`table`, which has the same parameters. In a notebook it
+    Built by :func:`table`, which documents the parameters. In a notebook it
     shows as a ``<details>`` element whose summary line is ``title``; its
     ``repr`` is a plain-text table.
-
-    Parameters
-    ----------
-    columns : sequence of str
-        Column headings, with units.
-    rows : iterable of sequences
-        One sequence of cells per row, as long as ``columns``.
-    title : str, default "Measurements"
-        The line the reader clicks to open the table.
-    digits : int, default 3
-        Significant digits of numbers (an integer >= 1).
-    open : bool, default False
-        Show the table open instead of collapsed.
-
-    Raises
-    ------
-    ValueError
-        A row whose length differs from the number of columns, or ``digits``
-        not an integer >= 1.
 
     See Also
     --------
