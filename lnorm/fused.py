@@ -104,8 +104,7 @@ CHUNK_ROWS = 1024
 #: Fast-math flags of the loops that sum (see the module docstring).
 FASTMATH = {"reassoc", "contract"}
 
-_F16 = np.dtype(np.float16)
-_U16 = np.dtype(np.uint16)  # how the loops see float16: its bits
+_F16, _U16 = np.dtype(np.float16), np.dtype(np.uint16)  # uint16: float16's bits
 
 
 def _last_level_cache_bytes(default: int = 32 * 2**20) -> int:
@@ -130,7 +129,6 @@ STREAM_BYTES = _last_level_cache_bytes() // 2
 # --- float16 in registers -------------------------------------------------------
 # LLVM's half type needs conversion instructions: on x86 without F16C it calls
 # a runtime function Numba's JIT lacks, and the process dies.
-
 
 @functools.cache
 def _native_half() -> bool:
@@ -198,7 +196,6 @@ def _narrow(typingctx, v, like):
 
 
 # --- streaming stores --------------------------------------------------------------
-#
 # Numba has no streaming store: these intrinsics emit a store of a 64-byte
 # vector (one line) marked !nontemporal, and a fence before the call returns.
 _VECTOR_BYTES = 64
@@ -316,19 +313,24 @@ def _forward_rows_streamed(x, gamma, beta, eps, y, xhat, rstd):
     """:func:`_forward_rows`, a row's outputs computed into buffers in cache and
     streamed out from there."""
     D = x.shape[1]
-    # The buffers 64-byte aligned and half a page apart in their pages.
-    part = -(-D * y.itemsize // 4096) * 4096 + 2048
-    block = np.empty(2 * part + 64, np.uint8)
+    # The buffers and gamma and beta (read every row) in one block, 64-byte
+    # aligned, each a quarter page from the others modulo 4 KiB (empty_apart).
+    part = -(-D * 8 // 4096) * 4096 + 1024
+    block = np.empty(4 * part + 64, np.uint8)
     at = (-block.ctypes.data) % 64
     held_y = block[at:at + D * y.itemsize].view(y.dtype)
     held_xhat = block[at + part:at + part + D * y.itemsize].view(y.dtype)
+    g = block[at + 2 * part:at + 2 * part + 8 * D].view(np.float64)
+    b = block[at + 3 * part:at + 3 * part + 8 * D].view(np.float64)
+    g[:] = gamma
+    b[:] = beta
     for r in range(x.shape[0]):
         mean = _row_sum(x[r]) / D
         sq = _row_squares(x[r], mean)
         if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x[r]):
             mean, sq = _wide(x[r, 0]), 0.0  # a constant row's value, exactly
         rstd[r] = 1.0 / np.sqrt(sq / D + eps)
-        _normalize_row(x[r], gamma, beta, mean, rstd[r], held_y[:D], held_xhat[:D])
+        _normalize_row(x[r], g, b, mean, rstd[r], held_y[:D], held_xhat[:D])
         _store_row(y[r], held_y[:D])
         _store_row(xhat[r], held_xhat[:D])
     _fence()
@@ -691,9 +693,8 @@ def backward(
     _in_threads(_backward_chunks, [
         (*args, a, e) for a, e in _split(-(-rows // CHUNK_ROWS), threads)
     ])
-    params = []
-    for partials in (partial_dgamma, partial_dbeta):
-        total = _output(None, D, cache.gamma.dtype)
-        _sum_blocks(partials, total)
-        params.append(_deliver(total, None, D, cache.gamma.dtype))
-    return _deliver(dx, out, cache.shape, cache.dtype), params[0], params[1]
+    totals = [_output(None, D, cache.gamma.dtype) for _ in range(2)]
+    _sum_blocks(partial_dgamma, totals[0])
+    _sum_blocks(partial_dbeta, totals[1])
+    dgamma, dbeta = (_deliver(t, None, D, cache.gamma.dtype) for t in totals)
+    return _deliver(dx, out, cache.shape, cache.dtype), dgamma, dbeta
