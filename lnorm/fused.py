@@ -302,7 +302,7 @@ def _forward_rows(x, gamma, beta, eps, y, xhat, rstd):
     for r in range(x.shape[0]):
         mean = _row_sum(x[r]) / D
         sq = _row_squares(x[r], mean)
-        if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x[r]):
+        if sq <= D * (2.5e-16 * D * mean) ** 2 and _is_constant(x[r]):
             mean, sq = _wide(x[r, 0]), 0.0  # a constant row's value, exactly
         rstd[r] = 1.0 / np.sqrt(sq / D + eps)
         _normalize_row(x[r], gamma, beta, mean, rstd[r], y[r], xhat[r])
@@ -327,7 +327,7 @@ def _forward_rows_streamed(x, gamma, beta, eps, y, xhat, rstd):
     for r in range(x.shape[0]):
         mean = _row_sum(x[r]) / D
         sq = _row_squares(x[r], mean)
-        if sq <= D * (1e-15 * mean) ** 2 and _is_constant(x[r]):
+        if sq <= D * (2.5e-16 * D * mean) ** 2 and _is_constant(x[r]):
             mean, sq = _wide(x[r, 0]), 0.0  # a constant row's value, exactly
         rstd[r] = 1.0 / np.sqrt(sq / D + eps)
         _normalize_row(x[r], g, b, mean, rstd[r], held_y[:D], held_xhat[:D])
