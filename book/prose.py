@@ -74,12 +74,7 @@ class Sci:
     A mantissa of exactly one is dropped (``10⁻⁵``, not ``1.0 × 10⁻⁵``);
     numbers with ``k = 0``, zero, NaN and infinities print plainly.
 
-    Parameters
-    ----------
-    value : real number
-        The number; NumPy scalars are accepted, ``bool`` is not.
-    digits : int, default 2
-        Significant digits of the mantissa (>= 1).
+    Its parameters and errors are :func:`sci`'s.
 
     Attributes
     ----------
@@ -91,13 +86,6 @@ class Sci:
         The power of ten ``k``.
     digits : int
         Significant digits of the mantissa.
-
-    Raises
-    ------
-    TypeError
-        ``value`` is not a real number.
-    ValueError
-        ``digits`` is not an integer >= 1.
 
     See Also
     --------

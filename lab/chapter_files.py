@@ -220,21 +220,18 @@ def _py_role(m: re.Match) -> str:
 def cite_labels(bib: Path) -> dict[str, tuple[str, str]]:
     """Key: (author-year label, one line of the entry), as the site's
     references read (book/_ext/lnorm_site.py's labels)."""
+    import sys
+
     from pybtex.database import parse_file
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "book" / "_ext"))
+    from lnorm_site import AuthorYearLabels  # the site's one label rule
 
     labels = {}
     for key, entry in parse_file(str(bib)).entries.items():
-        people = entry.persons.get("author") or entry.persons.get("editor") or []
-        names = [re.sub(r"[{}]", "", " ".join(p.last_names)) for p in people]
-        if len(names) > 2:
-            who = f"{names[0]} et al."
-        elif names:
-            who = " and ".join(names)
-        else:
-            who = entry.fields.get("title", key)
         year = entry.fields.get("year", "n.d.")
         title = re.sub(r"[{}\"]", "", entry.fields.get("title", ""))
-        labels[key] = (f"{who}, {year}", f"{title} ({year})")
+        labels[key] = (AuthorYearLabels.label(entry), f"{title} ({year})")
     return labels
 
 
